@@ -1,0 +1,34 @@
+// allocator_config: everything a device_allocator is told at construction.
+//
+// The core reads no environment variables and keeps no global state: SPILLWAY_CONF-style strings
+// are parsed at the edges (tools, the torch plugin, the preload shim) by parse_config
+// (config_string.hpp) into this struct.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <limits>
+#include <string>
+
+namespace spillway {
+
+inline constexpr std::size_t unlimited_budget = std::numeric_limits<std::size_t>::max();
+
+struct allocator_config {
+  // Cap on reserved (physical) bytes on the device. unlimited_budget: the device's capacity only.
+  std::size_t budget = unlimited_budget;
+
+  // Grow one segment per (stream, pool) in place with the backend's VMM instead of reserving new
+  // segments (Note [Expandable segments] in docs/design.md). Ignored, with a warning through
+  // on_warning, when the backend has no VMM.
+  bool expandable_segments = false;
+
+  // Address space reserved for each expandable segment. 0: the device's total memory.
+  std::size_t expandable_address_range = 0;
+
+  // Receives the message for problems that cannot be thrown: a deallocate of a pointer that is not
+  // live, a destructor finding live allocations, an option that was ignored. Default: stderr.
+  std::function<void(const std::string&)> on_warning;
+};
+
+}  // namespace spillway

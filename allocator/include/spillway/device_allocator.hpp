@@ -1,0 +1,122 @@
+// device_allocator: a stream-ordered caching allocator for one device, within a memory budget.
+//
+// Contract
+// - allocate(bytes, stream) returns a 512-byte aligned pointer, usable in stream order on `stream`.
+//   It throws invalid_argument for bytes == 0 or bytes > size_classes::max_request_size, and
+//   out_of_memory when the request cannot fit within the budget and the device after the whole
+//   pressure path: reuse -> reap finished events -> reserve -> pressure handlers -> release cached
+//   segments -> fail (Note [Memory pressure path]). After out_of_memory nothing has changed.
+// - deallocate(ptr) is noexcept. A block returns to its pool at once when only its own stream used
+//   it; when record_stream added other streams, it returns once an event recorded on each of them
+//   has completed (Note [Cross-stream frees]). There is no device-wide synchronisation.
+//   A pointer that is not a live allocation is reported through config.on_warning, counted in
+//   memory_stats::num_invalid_frees, and changes nothing; the status says which case it was.
+// - The budget caps reserved (physical) bytes. Lowering it releases cached memory first, then asks
+//   the pressure handlers; a budget below the bytes in live allocations that cannot be evicted is
+//   refused with invalid_argument and leaves the old budget in force.
+// - Every public method takes the device lock (one std::mutex); pressure handlers run without it.
+//
+// The allocation fast path (a cache hit) is: lock, round, one tree lookup, one hash insert,
+// statistics, unlock. Everything else lives in the slow path (device_allocator.cpp).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "spillway/allocator_config.hpp"
+#include "spillway/device_backend.hpp"
+#include "spillway/pressure.hpp"
+#include "spillway/snapshot.hpp"
+#include "spillway/stats.hpp"
+
+namespace spillway {
+
+enum class free_status {
+  freed,             // returned to its pool now
+  deferred,          // waits on events of other streams
+  unknown_pointer,   // not in any segment of this allocator
+  not_live,          // inside a segment but not a live allocation: already freed, or not a block start
+};
+
+struct budget_report {
+  std::size_t budget = 0;     // the budget now in force
+  std::size_t reserved = 0;   // reserved bytes after trimming
+  std::size_t released = 0;   // cached bytes released to the device to meet it
+  std::size_t shortfall = 0;  // reserved - budget when it could not be met (memory in use)
+  bool met() const noexcept { return shortfall == 0; }
+};
+
+// Where a live allocation sits: its segment's base and size (PyTorch's getBaseAllocation).
+struct allocation_info {
+  void* ptr = nullptr;
+  std::size_t size = 0;            // rounded block size
+  std::size_t requested_size = 0;
+  stream_ref stream;
+  void* segment_base = nullptr;
+  std::size_t segment_size = 0;
+};
+
+class device_allocator {
+ public:
+  explicit device_allocator(std::shared_ptr<device_backend> backend, allocator_config config = {});
+  ~device_allocator();  // releases every segment; live allocations are reported via on_warning
+
+  device_allocator(const device_allocator&) = delete;
+  device_allocator& operator=(const device_allocator&) = delete;
+
+  void* allocate(std::size_t bytes, stream_ref stream = {});
+  free_status deallocate(void* ptr) noexcept;
+
+  // Marks `ptr` as used by `stream`, so that its memory is not reused before work already queued
+  // on `stream` completes. Throws invalid_argument for a pointer that is not live.
+  void record_stream(void* ptr, stream_ref stream);
+
+  bool owns(const void* ptr) const noexcept;  // ptr is a live allocation of this allocator
+  allocation_info describe(const void* ptr) const;  // throws invalid_argument if not live
+
+  // The size of the free range that deallocating `ptr` now would coalesce into (its own block plus
+  // free neighbours in the same segment). 0 if ptr is not live. For fragmentation-aware eviction.
+  std::size_t coalesced_size_if_freed(const void* ptr) const noexcept;
+
+  budget_report set_budget(std::size_t bytes);
+  std::size_t budget() const noexcept;
+
+  std::size_t empty_cache();  // releases every free segment (and unmaps free expandable pages)
+  memory_stats stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  memory_snapshot snapshot() const;
+  std::size_t largest_free_block() const;
+
+  pressure_handler_id add_pressure_handler(pressure_handler handler);
+  void remove_pressure_handler(pressure_handler_id id) noexcept;
+
+  int device() const noexcept;
+  device_backend& backend() const noexcept;
+  const allocator_config& config() const noexcept;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+// Sets a budget for the lifetime of the scope and restores the previous one on exit.
+// Construction throws what set_budget throws; the destructor never throws (a restore that cannot be
+// met in full is reported through the allocator's on_warning).
+class scoped_budget {
+ public:
+  scoped_budget(device_allocator& allocator, std::size_t bytes);
+  ~scoped_budget();
+  scoped_budget(const scoped_budget&) = delete;
+  scoped_budget& operator=(const scoped_budget&) = delete;
+
+  const budget_report& report() const noexcept { return report_; }
+
+ private:
+  device_allocator& allocator_;
+  std::size_t previous_;
+  budget_report report_;
+};
+
+}  // namespace spillway
