@@ -55,6 +55,11 @@ class device_backend {
   virtual void* reserve_segment(std::size_t bytes) = 0;
   virtual void release_segment(void* ptr, std::size_t bytes) noexcept = 0;
 
+  // Waits for all work queued on every stream of the device (cudaDeviceSynchronize). The allocator
+  // calls it once before it releases cached segments or unmaps pages that queued work may still
+  // touch (Note [Releasing memory to the device]).
+  virtual void synchronize_device() = 0;
+
   // --- virtual memory (expandable segments) ---------------------------------------------------
   // vmm_granularity() == 0 means the backend has no VMM; the other VMM calls must not be used then.
   // An address range is reserved once; physical pages are mapped into and unmapped from it in

@@ -88,6 +88,7 @@ class sim_device final : public device_backend {
   std::size_t free_memory() const override;
   void* reserve_segment(std::size_t bytes) override;
   void release_segment(void* ptr, std::size_t bytes) noexcept override;
+  void synchronize_device() override;  // runs the simulation until idle; logic_error if a held stream blocks it
   std::size_t vmm_granularity() const noexcept override;
   void* reserve_address_range(std::size_t bytes) override;
   void release_address_range(void* base, std::size_t bytes) noexcept override;
