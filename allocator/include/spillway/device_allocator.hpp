@@ -97,6 +97,7 @@ class device_allocator {
   const allocator_config& config() const noexcept;
 
  private:
+  friend class scoped_budget;
   struct impl;
   std::unique_ptr<impl> impl_;
 };

@@ -1,0 +1,32 @@
+// block_pool.cpp: free-tree insertion with its statistics, and live-table growth.
+#include "block_pool.hpp"
+
+namespace spillway::detail {
+
+void block_pool::insert(block* b) noexcept {
+  tree_.insert(*b);
+  if (b->is_split()) {
+    for (stat_type t : {stat_type::aggregate, type()}) {
+      stats_.inactive_split[static_cast<int>(t)].increase(1);
+      stats_.inactive_split_bytes[static_cast<int>(t)].increase(static_cast<std::int64_t>(b->size));
+    }
+  }
+}
+
+void block_pool::erase(block* b) noexcept {
+  tree_.erase(tree_.iterator_to(*b));
+  if (b->is_split()) {
+    for (stat_type t : {stat_type::aggregate, type()}) {
+      stats_.inactive_split[static_cast<int>(t)].decrease(1);
+      stats_.inactive_split_bytes[static_cast<int>(t)].decrease(static_cast<std::int64_t>(b->size));
+    }
+  }
+}
+
+void live_blocks::grow() {
+  std::vector<live_table::bucket_type> bigger(buckets_.size() * 2);
+  table_.rehash(live_table::bucket_traits(bigger.data(), bigger.size()));
+  buckets_.swap(bigger);
+}
+
+}  // namespace spillway::detail

@@ -1,0 +1,111 @@
+// block_pool.hpp (internal): the free blocks of one pool, the record arenas, and the live table.
+//
+// - block_pool: the free tree of the small or the large pool. insert/erase keep the
+//   inactive_split statistics in step with the tree: a free block that does not span its whole
+//   segment is an "inactive split" block (PyTorch's definition).
+// - record_arena<T>: recycles block and segment records through a free list, so that splitting
+//   and coalescing never call malloc on the allocation path.
+// - live_blocks: the live table plus the bucket array it needs; grows by doubling (a rehash is
+//   amortised O(1) and happens only while the number of live blocks reaches a new high).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "block.hpp"
+#include "spillway/stats.hpp"
+
+namespace spillway::detail {
+
+class block_pool {
+ public:
+  block_pool(bool small, memory_stats& stats) : small_(small), stats_(stats) {}
+  ~block_pool() { tree_.clear(); }
+
+  bool small() const noexcept { return small_; }
+
+  // The smallest free block on `stream` of at least `size` bytes, lowest address first on ties;
+  // nullptr when there is none. O(log n).
+  block* best_fit(stream_ref stream, std::size_t size) noexcept {
+    auto it = tree_.lower_bound(fit_key{stream, size}, fit_key_order{});
+    if (it == tree_.end() || it->stream != stream) return nullptr;
+    return &*it;
+  }
+
+  void insert(block* b) noexcept;
+  void erase(block* b) noexcept;
+
+  free_tree& tree() noexcept { return tree_; }
+  const free_tree& tree() const noexcept { return tree_; }
+
+ private:
+  stat_type type() const noexcept { return small_ ? stat_type::small_pool : stat_type::large_pool; }
+
+  bool small_;
+  memory_stats& stats_;
+  free_tree tree_;
+};
+
+template <class T>
+class record_arena {
+ public:
+  record_arena() = default;
+  record_arena(const record_arena&) = delete;
+  record_arena& operator=(const record_arena&) = delete;
+
+  T* make() {
+    if (free_.empty()) {
+      owned_.push_back(std::make_unique<T>());
+      free_.reserve(owned_.size());  // so that recycle() never allocates
+      return owned_.back().get();
+    }
+    T* t = free_.back();
+    free_.pop_back();
+    return t;
+  }
+  void recycle(T* t) noexcept {
+    *t = T{};             // hooks must be unlinked by the caller; this resets the fields
+    free_.push_back(t);   // capacity was reserved when t was made: no allocation here
+  }
+
+ private:
+  std::vector<std::unique_ptr<T>> owned_;
+  std::vector<T*> free_;
+};
+
+class live_blocks {
+ public:
+  live_blocks() : buckets_(initial_buckets), table_(live_table::bucket_traits(buckets_.data(), buckets_.size())) {}
+  ~live_blocks() { table_.clear(); }
+
+  block* find(std::uintptr_t address) noexcept {
+    auto it = table_.find(address, block_address_hash{}, block_address_equal{});
+    return it == table_.end() ? nullptr : &*it;
+  }
+  const block* find(std::uintptr_t address) const noexcept {
+    auto it = table_.find(address, block_address_hash{}, block_address_equal{});
+    return it == table_.end() ? nullptr : &*it;
+  }
+  // Makes room for one more block; the only step that can throw (std::bad_alloc).
+  void reserve_one() {
+    if (table_.size() >= buckets_.size()) [[unlikely]] grow();
+  }
+  void insert(block* b) noexcept { table_.insert(*b); }  // after reserve_one()
+  void erase(block* b) noexcept { table_.erase(table_.iterator_to(*b)); }
+  std::size_t size() const noexcept { return table_.size(); }
+  void clear() noexcept { table_.clear(); }
+  template <class F>
+  void for_each(F&& f) const {
+    for (const block& b : table_) f(b);
+  }
+
+ private:
+  static constexpr std::size_t initial_buckets = 1024;
+  void grow();
+
+  std::vector<live_table::bucket_type> buckets_;
+  live_table table_;
+};
+
+}  // namespace spillway::detail

@@ -1,0 +1,109 @@
+// device_allocator_impl.hpp (internal): the state of one device's allocator and the named steps
+// that operate on it. Methods ending in _locked assume the device mutex is held; a method that
+// releases the lock says so in its name (_releasing_lock).
+//
+// Files:
+//   device_allocator.cpp                the public methods and the fast paths (allocate, free)
+//   device_allocator_slow_path.cpp      the memory pressure path, reservation, release, budgets
+//   device_allocator_introspection.cpp  statistics, snapshot, describe, warnings
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "block.hpp"
+#include "block_pool.hpp"
+#include "spillway/device_allocator.hpp"
+#include "spillway/errors.hpp"
+#include "spillway/size_classes.hpp"
+
+namespace spillway {
+
+struct device_allocator::impl {
+  impl(std::shared_ptr<device_backend> backend, allocator_config config);
+
+  // --- state (guarded by mutex) ---------------------------------------------------------------
+  std::shared_ptr<device_backend> backend;
+  allocator_config config;
+  int device = 0;
+  mutable std::mutex mutex;
+  memory_stats stats;
+  detail::block_pool small_pool{true, stats};
+  detail::block_pool large_pool{false, stats};
+  detail::live_blocks live;
+  detail::record_arena<detail::block> block_records;
+  detail::record_arena<detail::segment> segment_records;
+  detail::segment_list segments;                                 // every segment
+  std::map<std::uintptr_t, detail::segment*> segments_by_address;  // slow paths only
+  std::size_t budget = unlimited_budget;
+  std::size_t granularity = 0;  // > 0: expandable segments are in use
+
+  // Cross-stream frees waiting on events (Note [Cross-stream frees]), FIFO per stream.
+  struct pending_event {
+    event_ref event;
+    detail::block* blk;
+  };
+  std::vector<std::pair<stream_ref, std::deque<pending_event>>> pending;
+  std::size_t pending_count = 0;
+  std::vector<event_ref> idle_events;
+
+  std::vector<std::pair<pressure_handler_id, std::shared_ptr<const pressure_handler>>> handlers;
+  pressure_handler_id next_handler_id = 1;
+
+  // --- fast path helpers (device_allocator.cpp) -------------------------------------------------
+  detail::block_pool& pool_for(std::size_t rounded) noexcept {
+    return size_classes::is_small(rounded) ? small_pool : large_pool;
+  }
+  detail::block_pool& pool_of(const detail::block* b) noexcept {
+    return b->seg->small ? small_pool : large_pool;
+  }
+  void take_block_locked(detail::block_pool& pool, detail::block* b, std::size_t rounded,
+                         std::size_t requested);
+  void free_block_locked(detail::block* b) noexcept;
+  void defer_free_locked(detail::block* b) noexcept;
+  std::size_t reserved_locked() const noexcept {
+    return static_cast<std::size_t>(stats.reserved_bytes[0].current);
+  }
+  std::size_t allocated_locked() const noexcept {
+    return static_cast<std::size_t>(stats.allocated_bytes[0].current);
+  }
+
+  // --- the memory pressure path (device_allocator_slow_path.cpp) --------------------------------
+  detail::block* allocate_slow_locked(std::unique_lock<std::mutex>& lock, detail::block_pool& pool,
+                                      stream_ref stream, std::size_t rounded, std::size_t requested);
+  std::size_t reap_completed_events_locked();
+  bool await_pending_frees_locked();
+  detail::block* reserve_locked(detail::block_pool& pool, stream_ref stream, std::size_t rounded);
+  detail::block* reserve_segment_locked(detail::block_pool& pool, stream_ref stream,
+                                        std::size_t rounded);
+  detail::block* grow_expandable_locked(detail::block_pool& pool, stream_ref stream,
+                                        std::size_t rounded);
+  pressure_result run_pressure_handlers_releasing_lock(std::unique_lock<std::mutex>& lock,
+                                                       const pressure_request& request);
+  pressure_request make_request_locked(const detail::block_pool& pool, stream_ref stream,
+                                       std::size_t rounded) const;
+  std::size_t release_cached_locked();
+  void release_segment_locked(detail::segment* seg) noexcept;
+  std::size_t unmap_free_tail_locked(detail::segment* seg) noexcept;
+  budget_report set_budget_locked(std::unique_lock<std::mutex>& lock, std::size_t bytes,
+                                  bool strict);
+  bool fits_budget_locked(std::size_t more) const noexcept {
+    return more <= budget && reserved_locked() <= budget - more;
+  }
+  [[noreturn]] void throw_out_of_memory_locked(std::size_t requested, std::size_t rounded,
+                                               std::size_t pinned);
+
+  // --- introspection and reporting (device_allocator_introspection.cpp) --------------------------
+  std::size_t largest_free_locked() const noexcept;
+  free_status classify_invalid_free_locked(std::uintptr_t address, std::string& message) const;
+  void warn(const std::string& message) const noexcept;
+  detail::segment* segment_containing_locked(std::uintptr_t address) const noexcept;
+  void count_segment_locked(const detail::segment& seg, int sign, std::size_t bytes) noexcept;
+};
+
+}  // namespace spillway

@@ -1,0 +1,175 @@
+// device_allocator_introspection.cpp: statistics, snapshot, describe, empty_cache and the
+// reporting of problems that cannot be thrown.
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+
+#include "device_allocator_impl.hpp"
+
+namespace spillway {
+
+using detail::block;
+using detail::block_status;
+using detail::segment;
+
+namespace {
+std::string hex(std::uintptr_t a) {
+  char text[32];
+  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(a));
+  return text;
+}
+}  // namespace
+
+void device_allocator::impl::warn(const std::string& message) const noexcept {
+  try {
+    if (config.on_warning) {
+      config.on_warning(message);
+    } else {
+      std::cerr << message << '\n';
+    }
+  } catch (...) {
+    // A warning must never turn into a failure of the call that reports it.
+  }
+}
+
+segment* device_allocator::impl::segment_containing_locked(std::uintptr_t address) const noexcept {
+  auto it = segments_by_address.upper_bound(address);
+  if (it == segments_by_address.begin()) return nullptr;
+  --it;
+  segment* seg = it->second;
+  return address < seg->address + seg->address_range ? seg : nullptr;
+}
+
+free_status device_allocator::impl::classify_invalid_free_locked(std::uintptr_t address,
+                                                                 std::string& message) const {
+  const std::string where = "spillway: deallocate(" + hex(address) + ") on device " +
+                            std::to_string(device) + ": ";
+  if (segment* seg = segment_containing_locked(address)) {
+    message = where + "not a live allocation (already freed, or not the start of a block) in the " +
+              format_bytes(seg->size) + " segment at " + hex(seg->address) + "; ignored";
+    return free_status::not_live;
+  }
+  if (address == 0) {
+    message = where + "null pointer; ignored";
+  } else {
+    message = where + "unknown pointer, not allocated by spillway on this device; ignored";
+  }
+  return free_status::unknown_pointer;
+}
+
+std::size_t device_allocator::impl::largest_free_locked() const noexcept {
+  std::size_t largest = 0;
+  for (const detail::block_pool* pool : {&small_pool, &large_pool}) {
+    for (const block& b : pool->tree()) largest = std::max(largest, b.size);
+  }
+  return largest;
+}
+
+memory_stats device_allocator::stats() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->stats;
+}
+
+void device_allocator::reset_peak_stats() {
+  std::lock_guard lock(impl_->mutex);
+  memory_stats& s = impl_->stats;
+  for (stat_array* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
+                        &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes,
+                        &s.requested_bytes}) {
+    for (stat& x : *a) x.reset_peak();
+  }
+  s.oversize_allocations.reset_peak();
+  s.oversize_segments.reset_peak();
+}
+
+void device_allocator::reset_accumulated_stats() {
+  std::lock_guard lock(impl_->mutex);
+  memory_stats& s = impl_->stats;
+  for (stat_array* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split, &s.allocated_bytes,
+                        &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes,
+                        &s.requested_bytes}) {
+    for (stat& x : *a) x.reset_accumulated();
+  }
+  s.oversize_allocations.reset_accumulated();
+  s.oversize_segments.reset_accumulated();
+  s.num_alloc_retries = s.num_ooms = s.num_sync_all_streams = 0;
+  s.num_device_alloc = s.num_device_free = s.num_invalid_frees = 0;
+  s.num_pressure_handler_calls = s.pressure_handler_freed_bytes = 0;
+}
+
+memory_snapshot device_allocator::snapshot() const {
+  const impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  memory_snapshot snap;
+  snap.segments.reserve(m.segments_by_address.size());
+  for (const auto& [address, seg] : m.segments_by_address) {
+    if (seg->size == 0) continue;  // an expandable range with nothing mapped
+    segment_info info;
+    info.device = m.device;
+    info.address = seg->address;
+    info.total_size = seg->size;
+    info.stream = seg->stream;
+    info.is_large = !seg->small;
+    info.is_expandable = seg->expandable;
+    for (const block* b = seg->first; b != nullptr; b = b->next) {
+      block_info bi;
+      bi.address = b->address;
+      bi.size = b->size;
+      bi.requested_size = b->requested_size;
+      bi.state = b->status == block_status::free        ? block_state::inactive
+                 : b->status == block_status::allocated ? block_state::active_allocated
+                                                        : block_state::active_pending_free;
+      if (bi.allocated()) {
+        info.allocated_size += b->size;
+        info.requested_size += b->requested_size;
+      }
+      if (bi.active()) info.active_size += b->size;
+      info.blocks.push_back(bi);
+    }
+    snap.segments.push_back(std::move(info));
+  }
+  return snap;
+}
+
+allocation_info device_allocator::describe(const void* ptr) const {
+  const impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  const block* b = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (b == nullptr) {
+    throw invalid_argument("spillway: describe(" + hex(reinterpret_cast<std::uintptr_t>(ptr)) +
+                           "): not a live allocation on device " + std::to_string(m.device));
+  }
+  allocation_info info;
+  info.ptr = b->ptr();
+  info.size = b->size;
+  info.requested_size = b->requested_size;
+  info.stream = b->stream;
+  info.segment_base = reinterpret_cast<void*>(b->seg->address);
+  info.segment_size = b->seg->size;
+  return info;
+}
+
+std::size_t device_allocator::coalesced_size_if_freed(const void* ptr) const noexcept {
+  const impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  const block* b = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (b == nullptr) return 0;
+  if (!b->stream_uses.empty()) return 0;  // its free waits on other streams
+  std::size_t size = b->size;
+  if (b->prev != nullptr && b->prev->status == block_status::free) size += b->prev->size;
+  if (b->next != nullptr && b->next->status == block_status::free) size += b->next->size;
+  return size;
+}
+
+std::size_t device_allocator::largest_free_block() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->largest_free_locked();
+}
+
+std::size_t device_allocator::empty_cache() {
+  std::lock_guard lock(impl_->mutex);
+  impl_->reap_completed_events_locked();
+  return impl_->release_cached_locked();
+}
+
+}  // namespace spillway

@@ -1,0 +1,421 @@
+// device_allocator_slow_path.cpp: the memory pressure path, reservation, release and budgets.
+//
+// Note [Memory pressure path] (docs/design.md) is the essay; in short, an allocation that misses
+// the cache goes through these named steps, each tried only if the ones before found nothing:
+//
+//   1. reap_completed_events      cross-stream frees whose events completed become reusable
+//   2. reserve                    a new segment (or more pages of the expandable one) within budget
+//   3. pressure handlers          the eviction engine frees activations (lock released), and
+//                                 frees that wait on copy events are awaited
+//   4. release_cached             every free segment goes back to the device, then reserve again
+//   5. fail                       out_of_memory, with the numbers that explain it
+//
+// Releasing cached segments comes after eviction because it synchronises the device (like
+// cudaFree), while eviction is stream-ordered and asynchronous.
+#include <algorithm>
+#include <sstream>
+
+#include "device_allocator_impl.hpp"
+
+namespace spillway {
+
+using detail::block;
+using detail::block_pool;
+using detail::block_status;
+using detail::segment;
+
+namespace {
+constexpr int max_pressure_rounds = 8;  // handler calls per allocation before moving on
+}
+
+block* device_allocator::impl::allocate_slow_locked(std::unique_lock<std::mutex>& lock,
+                                                    block_pool& pool, stream_ref stream,
+                                                    std::size_t rounded, std::size_t requested) {
+  // Step 1: cross-stream frees whose events have completed.
+  if (reap_completed_events_locked() > 0) {
+    if (block* b = pool.best_fit(stream, rounded)) return b;
+  }
+  // Step 2: fresh memory within the budget.
+  if (block* b = reserve_locked(pool, stream, rounded)) return b;
+
+  ++stats.num_alloc_retries;
+  // Step 3: pressure handlers, then frees that wait on events they scheduled.
+  std::size_t pinned = 0;
+  for (int round = 0; round < max_pressure_rounds && !handlers.empty(); ++round) {
+    const pressure_result r =
+        run_pressure_handlers_releasing_lock(lock, make_request_locked(pool, stream, rounded));
+    pinned = r.pinned;
+    reap_completed_events_locked();
+    if (block* b = pool.best_fit(stream, rounded)) return b;
+    if (block* b = reserve_locked(pool, stream, rounded)) return b;
+    if (pending_count > 0 && await_pending_frees_locked()) {
+      if (block* b = pool.best_fit(stream, rounded)) return b;
+      if (block* b = reserve_locked(pool, stream, rounded)) return b;
+    }
+    if (r.freed == 0) break;
+  }
+  // Step 4: give every free segment back to the device, then reserve again.
+  if (release_cached_locked() > 0) {
+    if (block* b = reserve_locked(pool, stream, rounded)) return b;
+  }
+  // Step 5: fail; nothing has changed for the caller.
+  throw_out_of_memory_locked(requested, rounded, pinned);
+}
+
+// --- step 1: reap --------------------------------------------------------------------------------
+
+std::size_t device_allocator::impl::reap_completed_events_locked() {
+  if (pending_count == 0) return 0;
+  std::size_t freed = 0;
+  for (auto& [s, queue] : pending) {
+    // Events on one stream complete in order: stop at the first that has not.
+    while (!queue.empty() && backend->event_completed(queue.front().event)) {
+      const pending_event pe = queue.front();
+      queue.pop_front();
+      --pending_count;
+      idle_events.push_back(pe.event);
+      if (--pe.blk->pending_events == 0) {
+        free_block_locked(pe.blk);
+        ++freed;
+      }
+    }
+  }
+  return freed;
+}
+
+// Waits (lock held) for the oldest pending event of each stream. Only under pressure, after
+// handlers scheduled stream-ordered frees. False if the backend cannot wait (a held sim stream).
+bool device_allocator::impl::await_pending_frees_locked() {
+  try {
+    for (auto& [s, queue] : pending) {
+      if (!queue.empty()) backend->synchronize_event(queue.front().event);
+    }
+  } catch (const std::exception&) {
+    return false;
+  }
+  return reap_completed_events_locked() > 0;
+}
+
+// --- step 2: reserve -----------------------------------------------------------------------------
+
+block* device_allocator::impl::reserve_locked(block_pool& pool, stream_ref stream,
+                                              std::size_t rounded) {
+  return granularity > 0 ? grow_expandable_locked(pool, stream, rounded)
+                         : reserve_segment_locked(pool, stream, rounded);
+}
+
+void device_allocator::impl::count_segment_locked(const segment& seg, int sign,
+                                                  std::size_t bytes) noexcept {
+  const int t = seg.small ? static_cast<int>(stat_type::small_pool)
+                          : static_cast<int>(stat_type::large_pool);
+  for (int i : {0, t}) {
+    if (sign > 0) {
+      stats.reserved_bytes[i].increase(static_cast<std::int64_t>(bytes));
+    } else {
+      stats.reserved_bytes[i].decrease(static_cast<std::int64_t>(bytes));
+    }
+  }
+  if (sign > 0) ++stats.num_device_alloc; else ++stats.num_device_free;
+}
+
+block* device_allocator::impl::reserve_segment_locked(block_pool& pool, stream_ref stream,
+                                                      std::size_t rounded) {
+  // The preferred size, or the smallest that serves the request when the budget is tight.
+  std::size_t size = size_classes::segment_size(rounded);
+  if (!fits_budget_locked(size)) size = size_classes::min_segment_size(rounded);
+  if (!fits_budget_locked(size)) return nullptr;
+
+  segment* seg = segment_records.make();
+  block* b = block_records.make();
+  void* base = backend->reserve_segment(size);
+  if (base == nullptr && size != size_classes::min_segment_size(rounded)) {
+    size = size_classes::min_segment_size(rounded);  // the device is nearly full: ask for less
+    base = backend->reserve_segment(size);
+  }
+  if (base == nullptr) {
+    block_records.recycle(b);
+    segment_records.recycle(seg);
+    return nullptr;
+  }
+  seg->address = reinterpret_cast<std::uintptr_t>(base);
+  try {
+    segments_by_address.emplace(seg->address, seg);
+  } catch (...) {
+    backend->release_segment(base, size);
+    block_records.recycle(b);
+    segment_records.recycle(seg);
+    throw;
+  }
+  seg->size = seg->address_range = size;
+  seg->small = pool.small();
+  seg->stream = stream;
+  seg->first = b;
+  b->address = seg->address;
+  b->size = size;
+  b->stream = stream;
+  b->seg = seg;
+  segments.push_back(*seg);
+  for (int i : {0, pool.small() ? 1 : 2}) stats.segment[i].increase(1);
+  count_segment_locked(*seg, +1, size);
+  pool.insert(b);
+  return b;
+}
+
+// Note [Expandable segments]: one address range per (pool, stream), mapped from the bottom up;
+// growth maps granules after the last block, extending it if it is free.
+block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_ref stream,
+                                                      std::size_t rounded) {
+  segment* seg = nullptr;
+  for (segment& s : segments) {
+    if (s.expandable && s.small == pool.small() && s.stream == stream) {
+      seg = &s;
+      break;
+    }
+  }
+  if (seg == nullptr) {
+    std::size_t range = config.expandable_address_range != 0 ? config.expandable_address_range
+                                                             : backend->total_memory();
+    range = size_classes::round_up(std::max(range, rounded), granularity);
+    seg = segment_records.make();
+    void* base = backend->reserve_address_range(range);
+    if (base == nullptr) {
+      segment_records.recycle(seg);
+      return nullptr;
+    }
+    seg->address = reinterpret_cast<std::uintptr_t>(base);
+    try {
+      segments_by_address.emplace(seg->address, seg);
+    } catch (...) {
+      backend->release_address_range(base, range);
+      segment_records.recycle(seg);
+      throw;
+    }
+    seg->address_range = range;
+    seg->small = pool.small();
+    seg->expandable = true;
+    seg->stream = stream;
+    segments.push_back(*seg);
+    for (int i : {0, pool.small() ? 1 : 2}) stats.segment[i].increase(1);
+  }
+
+  block* tail = seg->last();
+  const std::size_t have = (tail != nullptr && tail->status == block_status::free) ? tail->size : 0;
+  const std::size_t grow = size_classes::round_up(rounded - have, granularity);
+  if (grow > seg->address_range - seg->size || !fits_budget_locked(grow)) return nullptr;
+  block* fresh = have > 0 ? nullptr : block_records.make();
+  if (!backend->map_physical(reinterpret_cast<void*>(seg->address + seg->size), grow)) {
+    if (fresh != nullptr) block_records.recycle(fresh);
+    return nullptr;
+  }
+  count_segment_locked(*seg, +1, grow);
+  if (fresh == nullptr) {  // the free tail grows in place
+    pool.erase(tail);
+    tail->size += grow;
+    pool.insert(tail);
+    seg->size += grow;
+    return tail;
+  }
+  fresh->address = seg->address + seg->size;
+  fresh->size = grow;
+  fresh->stream = stream;
+  fresh->seg = seg;
+  fresh->prev = tail;
+  if (tail != nullptr) tail->next = fresh; else seg->first = fresh;
+  seg->size += grow;
+  pool.insert(fresh);
+  return fresh;
+}
+
+// --- step 3: pressure handlers ----------------------------------------------------------------------
+
+pressure_request device_allocator::impl::make_request_locked(const block_pool& pool,
+                                                             stream_ref stream,
+                                                             std::size_t rounded) const {
+  pressure_request r;
+  r.device = device;
+  r.stream = stream;
+  r.bytes = rounded;
+  r.small_pool = pool.small();
+  r.budget = budget;
+  r.reserved = reserved_locked();
+  const std::size_t need = r.reserved + size_classes::min_segment_size(rounded);
+  r.shortfall = need > budget ? need - budget : 0;
+  return r;
+}
+
+pressure_result device_allocator::impl::run_pressure_handlers_releasing_lock(
+    std::unique_lock<std::mutex>& lock, const pressure_request& request) {
+  auto snapshot = handlers;  // handlers may be added or removed while the lock is released
+  ++stats.num_pressure_handler_calls;
+  lock.unlock();
+  pressure_result total;
+  std::string failure;
+  for (auto& [id, handler] : snapshot) {
+    try {
+      const pressure_result r = (*handler)(request);
+      total.freed += r.freed;
+      total.pinned += r.pinned;
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    if (total.freed >= request.bytes) break;
+  }
+  lock.lock();
+  stats.pressure_handler_freed_bytes += static_cast<std::int64_t>(total.freed);
+  if (!failure.empty()) warn("spillway: a pressure handler failed and was skipped: " + failure);
+  return total;
+}
+
+// --- step 4: release -------------------------------------------------------------------------------
+
+// Gives every free segment (and the free tail pages of expandable segments) back to the device.
+// Returns the bytes released. See Note [Releasing memory to the device].
+std::size_t device_allocator::impl::release_cached_locked() {
+  bool any = false;
+  for (const segment& s : segments) {
+    block* tail = s.last();
+    if (s.fully_free() || (s.expandable && (tail == nullptr || tail->status == block_status::free))) {
+      any = true;
+      break;
+    }
+  }
+  if (!any) return 0;
+  try {
+    backend->synchronize_device();  // queued work may still touch free blocks of their own stream
+    ++stats.num_sync_all_streams;
+  } catch (const std::exception& e) {
+    warn(std::string("spillway: cached memory kept: the device could not be synchronised (") +
+         e.what() + ")");
+    return 0;
+  }
+  std::size_t released = 0;
+  for (auto it = segments.begin(); it != segments.end();) {
+    segment* seg = &*it++;
+    if (seg->expandable) {
+      released += unmap_free_tail_locked(seg);
+    } else if (seg->fully_free()) {
+      released += seg->size;
+      release_segment_locked(seg);
+    }
+  }
+  return released;
+}
+
+void device_allocator::impl::release_segment_locked(segment* seg) noexcept {
+  if (seg->first != nullptr) {
+    pool_of(seg->first).erase(seg->first);
+    block_records.recycle(seg->first);
+  }
+  if (seg->expandable) {
+    backend->release_address_range(reinterpret_cast<void*>(seg->address), seg->address_range);
+  } else {
+    backend->release_segment(reinterpret_cast<void*>(seg->address), seg->size);
+    count_segment_locked(*seg, -1, seg->size);
+  }
+  for (int i : {0, seg->small ? 1 : 2}) stats.segment[i].decrease(1);
+  segments.erase(segments.iterator_to(*seg));
+  segments_by_address.erase(seg->address);
+  segment_records.recycle(seg);
+}
+
+// Unmaps the whole granules of a free tail block; an expandable segment with nothing mapped left
+// gives its address range back too.
+std::size_t device_allocator::impl::unmap_free_tail_locked(segment* seg) noexcept {
+  block* tail = seg->last();
+  std::size_t released = 0;
+  if (tail != nullptr && tail->status == block_status::free) {
+    const std::uintptr_t end = seg->address + seg->size;
+    const std::uintptr_t cut = size_classes::round_up(tail->address, granularity);
+    if (cut < end) {
+      block_pool& pool = pool_of(tail);
+      pool.erase(tail);
+      backend->unmap_physical(reinterpret_cast<void*>(cut), end - cut);
+      released = end - cut;
+      count_segment_locked(*seg, -1, released);
+      seg->size = cut - seg->address;
+      if (cut == tail->address) {
+        if (tail->prev != nullptr) tail->prev->next = nullptr; else seg->first = nullptr;
+        block_records.recycle(tail);
+      } else {
+        tail->size = cut - tail->address;
+        pool.insert(tail);
+      }
+    }
+  }
+  if (seg->size == 0) release_segment_locked(seg);
+  return released;
+}
+
+// --- budgets -----------------------------------------------------------------------------------------
+
+budget_report device_allocator::impl::set_budget_locked(std::unique_lock<std::mutex>& lock,
+                                                        std::size_t bytes, bool strict) {
+  if (bytes == 0) {
+    throw invalid_argument("spillway: set_budget(0) on device " + std::to_string(device) +
+                           ": a budget must be at least 1 byte (unlimited_budget for none)");
+  }
+  budget_report report;
+  if (reserved_locked() > bytes) {
+    // Over the new budget: trim the cache, ask the handlers, trim again.
+    reap_completed_events_locked();
+    report.released += release_cached_locked();
+    if (reserved_locked() > bytes && !handlers.empty()) {
+      pressure_request r = make_request_locked(large_pool, stream_ref{}, 0);
+      r.bytes = 0;
+      r.budget = bytes;
+      r.shortfall = reserved_locked() - bytes;
+      run_pressure_handlers_releasing_lock(lock, r);
+      reap_completed_events_locked();
+      if (pending_count > 0) await_pending_frees_locked();
+      report.released += release_cached_locked();
+    }
+    if (strict && allocated_locked() > bytes) {
+      std::ostringstream m;
+      m << "spillway: set_budget(" << format_bytes(bytes) << ") on device " << device
+        << ": the budget is below the " << format_bytes(allocated_locked())
+        << " held by live allocations that could not be evicted; the budget stays "
+        << (budget == unlimited_budget ? std::string("unlimited") : format_bytes(budget))
+        << " (" << format_bytes(report.released) << " of cached memory was released)";
+      throw invalid_argument(m.str());
+    }
+  }
+  budget = bytes;
+  stats.budget = bytes == unlimited_budget ? -1 : static_cast<std::int64_t>(bytes);
+  report.budget = bytes;
+  report.reserved = reserved_locked();
+  report.shortfall = report.reserved > bytes ? report.reserved - bytes : 0;
+  return report;
+}
+
+// --- step 5: fail ----------------------------------------------------------------------------------
+
+void device_allocator::impl::throw_out_of_memory_locked(std::size_t requested, std::size_t rounded,
+                                                        std::size_t pinned) {
+  ++stats.num_ooms;
+  out_of_memory::details d;
+  d.device = device;
+  d.requested = requested;
+  d.rounded = rounded;
+  d.budget = budget;
+  d.allocated = allocated_locked();
+  d.reserved = reserved_locked();
+  d.largest_free = largest_free_locked();
+  try {
+    d.device_free = backend->free_memory();
+  } catch (const std::exception&) {
+    d.device_free = 0;
+  }
+  d.pinned = pinned;
+  std::ostringstream m;
+  m << "spillway: out of memory on device " << device << " (" << backend->name()
+    << "): tried to allocate " << format_bytes(requested) << " (" << requested << " bytes, "
+    << format_bytes(rounded) << " rounded); budget "
+    << (budget == unlimited_budget ? std::string("unlimited") : format_bytes(budget)) << ", "
+    << format_bytes(d.allocated) << " allocated, " << format_bytes(d.reserved)
+    << " reserved, largest free block " << format_bytes(d.largest_free) << ", "
+    << format_bytes(d.device_free) << " free on the device";
+  if (pinned > 0) m << "; " << format_bytes(pinned) << " are pinned and could not be evicted";
+  throw out_of_memory(m.str(), d);
+}
+
+}  // namespace spillway
