@@ -77,7 +77,7 @@ struct device_allocator::impl {
   detail::block* allocate_slow_locked(std::unique_lock<std::mutex>& lock, detail::block_pool& pool,
                                       stream_ref stream, std::size_t rounded, std::size_t requested);
   std::size_t reap_completed_events_locked();
-  bool await_pending_frees_locked();
+  bool await_pending_frees_locked(bool all = false);
   detail::block* reserve_locked(detail::block_pool& pool, stream_ref stream, std::size_t rounded);
   detail::block* reserve_segment_locked(detail::block_pool& pool, stream_ref stream,
                                         std::size_t rounded);

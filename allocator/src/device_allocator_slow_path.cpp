@@ -7,7 +7,8 @@
 //   2. reserve                    a new segment (or more pages of the expandable one) within budget
 //   3. pressure handlers          the eviction engine frees activations (lock released), and
 //                                 frees that wait on copy events are awaited
-//   4. release_cached             every free segment goes back to the device, then reserve again
+//   4. release_cached             frees pending on other streams are awaited; every free segment
+//                                 goes back to the device, then reserve again
 //   5. fail                       out_of_memory, with the numbers that explain it
 //
 // Releasing cached segments comes after eviction because it synchronises the device (like
@@ -54,7 +55,12 @@ block* device_allocator::impl::allocate_slow_locked(std::unique_lock<std::mutex>
     }
     if (r.freed == 0) break;
   }
-  // Step 4: give every free segment back to the device, then reserve again.
+  // Step 4: wait for the frees still pending on other streams (the release below synchronises
+  // the device anyway; without this, memory the caller has freed would be reported as missing),
+  // then give every free segment back to the device and reserve again.
+  if (pending_count > 0 && await_pending_frees_locked(/*all=*/true)) {
+    if (block* b = pool.best_fit(stream, rounded)) return b;
+  }
   if (release_cached_locked() > 0) {
     if (block* b = reserve_locked(pool, stream, rounded)) return b;
   }
@@ -83,12 +89,14 @@ std::size_t device_allocator::impl::reap_completed_events_locked() {
   return freed;
 }
 
-// Waits (lock held) for the oldest pending event of each stream. Only under pressure, after
-// handlers scheduled stream-ordered frees. False if the backend cannot wait (a held sim stream).
-bool device_allocator::impl::await_pending_frees_locked() {
+// Waits (lock held) for the oldest pending event of each stream, or with `all` for the newest
+// (events on a stream complete in order, so that is all of them). Only under pressure. False if
+// nothing became free, or the backend cannot wait (a held sim stream).
+bool device_allocator::impl::await_pending_frees_locked(bool all) {
   try {
     for (auto& [s, queue] : pending) {
-      if (!queue.empty()) backend->synchronize_event(queue.front().event);
+      if (queue.empty()) continue;
+      backend->synchronize_event(all ? queue.back().event : queue.front().event);
     }
   } catch (const std::exception&) {
     return false;
