@@ -170,7 +170,9 @@ block* device_allocator::impl::reserve_segment_locked(block_pool& pool, stream_r
 }
 
 // Note [Expandable segments]: one address range per (pool, stream), mapped from the bottom up;
-// growth maps granules after the last block, extending it if it is free.
+// growth maps granules after the last block, extending it if it is free. A new range is linked
+// and counted only once its first pages are mapped: a growth that fails (budget, device) leaves no
+// empty segment behind, so out_of_memory changes nothing.
 block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_ref stream,
                                                       std::size_t rounded) {
   segment* seg = nullptr;
@@ -180,40 +182,55 @@ block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_r
       break;
     }
   }
+  block* tail = seg != nullptr ? seg->last() : nullptr;
+  const std::size_t have = (tail != nullptr && tail->status == block_status::free) ? tail->size : 0;
+  const std::size_t grow = size_classes::round_up(rounded - have, granularity);
+  if (!fits_budget_locked(grow)) return nullptr;
+  if (seg != nullptr && grow > seg->address_range - seg->size) return nullptr;
+
+  std::size_t range = 0;
   if (seg == nullptr) {
-    std::size_t range = config.expandable_address_range != 0 ? config.expandable_address_range
-                                                             : backend->total_memory();
+    range = config.expandable_address_range != 0 ? config.expandable_address_range
+                                                 : backend->total_memory();
     range = size_classes::round_up(std::max(range, rounded), granularity);
-    seg = segment_records.make();
+  }
+  // Records first: they are the steps that can throw, and nothing has happened yet.
+  block* fresh = have > 0 ? nullptr : block_records.make();
+  segment* created = seg == nullptr ? segment_records.make() : nullptr;
+  const auto give_back_records = [&] {
+    if (fresh != nullptr) block_records.recycle(fresh);
+    if (created != nullptr) segment_records.recycle(created);
+  };
+  if (created != nullptr) {
     void* base = backend->reserve_address_range(range);
     if (base == nullptr) {
-      segment_records.recycle(seg);
+      give_back_records();
       return nullptr;
     }
-    seg->address = reinterpret_cast<std::uintptr_t>(base);
+    created->address = reinterpret_cast<std::uintptr_t>(base);
+    created->address_range = range;
+    created->small = pool.small();
+    created->expandable = true;
+    created->stream = stream;
+    seg = created;
+  }
+  void* const seg_base = reinterpret_cast<void*>(seg->address);
+  if (!backend->map_physical(static_cast<char*>(seg_base) + seg->size, grow)) {
+    if (created != nullptr) backend->release_address_range(seg_base, range);
+    give_back_records();
+    return nullptr;
+  }
+  if (created != nullptr) {  // mapped: now it is a segment of this allocator
     try {
       segments_by_address.emplace(seg->address, seg);
     } catch (...) {
-      backend->release_address_range(base, range);
-      segment_records.recycle(seg);
+      backend->unmap_physical(seg_base, grow);
+      backend->release_address_range(seg_base, range);
+      give_back_records();
       throw;
     }
-    seg->address_range = range;
-    seg->small = pool.small();
-    seg->expandable = true;
-    seg->stream = stream;
     segments.push_back(*seg);
     for (int i : {0, pool.small() ? 1 : 2}) stats.segment[i].increase(1);
-  }
-
-  block* tail = seg->last();
-  const std::size_t have = (tail != nullptr && tail->status == block_status::free) ? tail->size : 0;
-  const std::size_t grow = size_classes::round_up(rounded - have, granularity);
-  if (grow > seg->address_range - seg->size || !fits_budget_locked(grow)) return nullptr;
-  block* fresh = have > 0 ? nullptr : block_records.make();
-  if (!backend->map_physical(reinterpret_cast<void*>(seg->address + seg->size), grow)) {
-    if (fresh != nullptr) block_records.recycle(fresh);
-    return nullptr;
   }
   count_segment_locked(*seg, +1, grow);
   if (fresh == nullptr) {  // the free tail grows in place
