@@ -31,7 +31,37 @@
 //   copy throws spillway::device_error from copy_async, and enqueues nothing.
 //
 // Stream handles are 1.. (0 is the default stream, which exists from the start); event handles 1...
-// All methods are thread-safe (one internal mutex).
+// Handles are never reused, so a destroyed one stays unknown. All methods are thread-safe (one
+// internal mutex).
+//
+// The details (allocator/src/sim_scheduler.hpp has the mechanics)
+// - Timing: a copy ends latency + bytes / bandwidth after it starts; a 0-byte copy is a no-op of
+//   duration 0 (nullptr allowed). device_to_device and host_to_host copies share one engine at
+//   d2d_bandwidth (concurrent d2d copies share HBM bandwidth anyway). Each op starts where the op
+//   it waited for ended, so the timing is exact in manual mode. Copies and kernels are counted in
+//   counters() when they complete.
+// - Who runs effects: every call that is not noexcept first completes the work due by the current
+//   time, and enqueuing calls do so again afterwards (a 0-duration op on an idle stream is done when
+//   the call returns). A kernel's effect runs on that calling thread, without the lock; it may call
+//   back into the device. In realtime mode any call may run effects, so an effect must not take a
+//   lock that callers of the device hold. An exception from an effect propagates out of the call
+//   that ran it; the kernel still counts as completed. Memory calls never run effects
+//   (segment_reserve_latency_ns just moves the clock).
+// - hold(s) freezes s: an op in flight is cancelled (its engine freed, its effect not applied) and
+//   restarts with its full duration at release(s). An effect already running finishes.
+// - Blocking calls never sleep: they run the simulation, jumping the clock to the completion they
+//   wait for (realtime: by adding to the clock's offset, so now_ns() stays monotonic; advance()
+//   adds to it too). When the queued work shows the wait can never end (a held stream on the path,
+//   directly or through stream_wait_event, or a kernel effect on the calling thread waiting for its
+//   own stream) they throw std::logic_error before running anything.
+// - event_completed() never moves the clock in manual mode. An event never recorded is complete;
+//   stream_wait_event() on it enqueues nothing. A wait sees the record made before it, as in CUDA.
+// - destroy_stream(s) with queued work lifts any hold and lets the work run; s is unknown at once.
+//   Stream 0 and unknown handles are ignored.
+// - Misuse throws spillway::invalid_argument naming the value: unknown streams or events, null copy
+//   pointers, size 0, VMM calls with vmm_granularity 0, map_physical outside a reserved range,
+//   unaligned, or over a page already mapped. unmap_physical skips pages that are not mapped;
+//   release_address_range also unmaps pages still mapped. The destructor unmaps everything.
 #pragma once
 
 #include <cstddef>
