@@ -285,9 +285,10 @@ pressure_result device_allocator::impl::run_pressure_handlers_releasing_lock(
     }
     if (total.freed >= request.bytes) break;
   }
+  // Reported before the lock is taken again: on_warning is the user's code and may call back.
+  if (!failure.empty()) warn("spillway: a pressure handler failed and was skipped: " + failure);
   lock.lock();
   stats.pressure_handler_freed_bytes += static_cast<std::int64_t>(total.freed);
-  if (!failure.empty()) warn("spillway: a pressure handler failed and was skipped: " + failure);
   return total;
 }
 
