@@ -1,0 +1,356 @@
+// test_pressure_handlers: step 3 of Note [Memory pressure path], the hook eviction uses.
+//
+// It proves: when an allocation does not fit the budget, the handlers are called on the
+// allocating thread, without the device lock (a handler may deallocate, and allocate and free, on
+// the same allocator), with the request's fields (device, stream, bytes, pool, budget, reserved,
+// shortfall); a handler that frees a victim lets the allocation succeed, also when its free waits
+// on another stream's work (a spill's copy); a handler that frees nothing leads to the cache being
+// released and then to out_of_memory reporting what the handler said was pinned; a throwing
+// handler is reported through on_warning (delivered without the lock) and the next one still
+// runs; a removed handler is not called; rounds stop after 8; lowering the budget asks the
+// handlers too; the counters count calls, retries and freed bytes.
+// A deadlock would hang these tests: a watchdog aborts with a message instead.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "allocator_checks.hpp"
+#include "backend_fixture.hpp"
+#include "spillway/device_allocator.hpp"
+#include "spillway/errors.hpp"
+#include "spillway/size_classes.hpp"
+
+using namespace spillway;
+using namespace spillway::test;
+
+namespace {
+
+// Aborts the process, naming what hung, if it is not destroyed within a minute. A test that
+// calls back into the allocator with its lock held would otherwise hang until CTest's timeout.
+class deadlock_watchdog {
+ public:
+  explicit deadlock_watchdog(const char* what) : what_(what) {
+    thread_ = std::thread([this] {
+      std::unique_lock lock(mutex_);
+      if (!cv_.wait_for(lock, std::chrono::seconds(60), [this] { return done_; })) {
+        std::fprintf(stderr, "deadlock: %s did not finish within 60 s\n", what_);
+        std::abort();
+      }
+    });
+  }
+  ~deadlock_watchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  const char* what_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// A 30 MiB budget with two live 12 MiB allocations on `s`: 24 MiB reserved. A third 12 MiB one
+// does not fit until one of them is freed.
+struct under_budget {
+  std::unique_ptr<backend_env> env = make_sim_env();
+  allocator_config config = make_config();
+  device_allocator alloc{env->backend, config};
+  stream_ref s = env->new_stream();
+  void* a = alloc.allocate(12 * MiB, s);
+  void* b = alloc.allocate(12 * MiB, s);
+
+  allocator_config make_config() {
+    allocator_config c = env->config();
+    c.budget = 30 * MiB;
+    return c;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a handler is called unlocked, with the request, and its victim serves the allocation") {
+  under_budget u;
+  pressure_request seen;
+  int calls = 0;
+  const auto caller = std::this_thread::get_id();
+  bool same_thread = false;
+  u.alloc.add_pressure_handler([&](const pressure_request& r) {
+    ++calls;
+    seen = r;
+    same_thread = std::this_thread::get_id() == caller;
+    // Calls back into the allocator: possible only because the lock is not held.
+    void* t = u.alloc.allocate(512, u.s);
+    u.alloc.deallocate(t);
+    CHECK(u.alloc.stats().allocation[0].current == 2);
+    const std::size_t freed = u.alloc.describe(u.a).size;
+    CHECK(u.alloc.deallocate(u.a) == free_status::freed);
+    return pressure_result{freed, 0};
+  });
+
+  void* c = nullptr;
+  {
+    deadlock_watchdog wd("a pressure handler calling back into the allocator");
+    c = u.alloc.allocate(12 * MiB, u.s);
+  }
+  CHECK(calls == 1);
+  CHECK(same_thread);
+  CHECK(c == u.a);  // the victim's block, reused on its stream
+  CHECK(seen.device == u.env->backend->device_index());
+  CHECK(seen.stream == u.s);
+  CHECK(seen.bytes == 12 * MiB);
+  CHECK_FALSE(seen.small_pool);
+  CHECK(seen.budget == 30 * MiB);
+  CHECK(seen.reserved == 24 * MiB);
+  // The smallest new segment for 12 MiB is 12 MiB: 24 + 12 - 30.
+  CHECK(seen.shortfall == 6 * MiB);
+  const memory_stats st = u.alloc.stats();
+  CHECK(st.num_pressure_handler_calls == 1);
+  CHECK(st.num_alloc_retries == 1);
+  CHECK(st.pressure_handler_freed_bytes == static_cast<std::int64_t>(12 * MiB));
+  CHECK(st.num_ooms == 0);
+  u.alloc.deallocate(c);
+  u.alloc.deallocate(u.b);
+  check_stats_match_snapshot(u.alloc.stats(), u.alloc.snapshot());
+}
+
+TEST_CASE("a small-pool request under pressure names the small pool") {
+  auto env = make_sim_env();
+  allocator_config c = env->config();
+  c.budget = 2 * MiB;
+  device_allocator alloc(env->backend, c);
+  void* x = alloc.allocate(MiB);
+  void* y = alloc.allocate(MiB);  // the one small segment is full
+  pressure_request seen;
+  alloc.add_pressure_handler([&](const pressure_request& r) {
+    seen = r;
+    alloc.deallocate(y);
+    return pressure_result{MiB, 0};
+  });
+  void* z = alloc.allocate(4096);
+  CHECK(z == y);
+  CHECK(seen.small_pool);
+  CHECK(seen.bytes == 4096);
+  CHECK(seen.stream == stream_ref{});
+  CHECK(seen.reserved == 2 * MiB);
+  CHECK(seen.shortfall == 2 * MiB);  // a new small segment would be 2 MiB over
+  alloc.deallocate(x);
+  alloc.deallocate(z);
+}
+
+TEST_CASE("a handler that frees nothing: the cache is released, then out_of_memory names pinned") {
+  under_budget u;
+  void* small = u.alloc.allocate(4096, u.env->new_stream());
+  u.alloc.deallocate(small);  // a cached 2 MiB segment: 26 MiB reserved
+  int calls = 0;
+  u.alloc.add_pressure_handler([&](const pressure_request&) {
+    ++calls;
+    return pressure_result{0, 7 * MiB};
+  });
+  const std::int64_t device_frees = u.alloc.stats().num_device_free;
+
+  bool thrown = false;
+  try {
+    u.alloc.allocate(12 * MiB, u.s);
+  } catch (const out_of_memory& e) {
+    thrown = true;
+    CHECK(e.info().pinned == 7 * MiB);
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(contains(what, format_bytes(7 * MiB) + " are pinned"));
+    CHECK(e.info().reserved == 24 * MiB);  // the cached segment was released first
+  }
+  CHECK(thrown);
+  CHECK(calls == 1);  // freed == 0: no second round
+  const memory_stats st = u.alloc.stats();
+  CHECK(st.num_pressure_handler_calls == 1);
+  CHECK(st.num_device_free == device_frees + 1);
+  CHECK(st.num_ooms == 1);
+  CHECK(st.pressure_handler_freed_bytes == 0);
+  CHECK(u.alloc.owns(u.a));
+  CHECK(u.alloc.owns(u.b));
+  u.alloc.deallocate(u.a);
+  u.alloc.deallocate(u.b);
+}
+
+TEST_CASE("a throwing handler is reported, without the lock, and the next handler still runs") {
+  auto env = make_sim_env();
+  std::vector<std::string> warnings;
+  std::atomic<device_allocator*> self{nullptr};
+  allocator_config c;
+  c.budget = 30 * MiB;
+  c.on_warning = [&](const std::string& m) {
+    warnings.push_back(m);
+    // The sink calls back into the allocator: possible only if the lock is not held.
+    if (device_allocator* a = self.load()) (void)a->stats();
+  };
+  device_allocator alloc(env->backend, c);
+  self = &alloc;
+  void* a = alloc.allocate(12 * MiB);
+  void* b = alloc.allocate(12 * MiB);
+  bool second_called = false;
+  alloc.add_pressure_handler([](const pressure_request&) -> pressure_result {
+    throw std::runtime_error("eviction engine exploded");
+  });
+  alloc.add_pressure_handler([&](const pressure_request&) {
+    second_called = true;
+    alloc.deallocate(a);
+    return pressure_result{12 * MiB, 0};
+  });
+  void* x = nullptr;
+  {
+    deadlock_watchdog wd("on_warning calling back into the allocator");
+    x = alloc.allocate(12 * MiB);
+  }
+  CHECK(x == a);
+  CHECK(second_called);
+  REQUIRE(warnings.size() == 1);
+  CHECK(contains(warnings[0], "pressure handler failed"));
+  CHECK(contains(warnings[0], "eviction engine exploded"));
+  self = nullptr;
+  alloc.deallocate(x);
+  alloc.deallocate(b);
+}
+
+TEST_CASE("a removed handler is not called") {
+  under_budget u;
+  int calls_a = 0, calls_b = 0;
+  const pressure_handler_id ha = u.alloc.add_pressure_handler([&](const pressure_request&) {
+    ++calls_a;
+    return pressure_result{};
+  });
+  const pressure_handler_id hb = u.alloc.add_pressure_handler([&](const pressure_request&) {
+    ++calls_b;
+    return pressure_result{};
+  });
+  CHECK(ha != hb);
+  u.alloc.remove_pressure_handler(ha);
+  CHECK_THROWS_AS(u.alloc.allocate(12 * MiB, u.s), out_of_memory);
+  CHECK(calls_a == 0);
+  CHECK(calls_b == 1);
+  u.alloc.remove_pressure_handler(hb);
+  CHECK_THROWS_AS(u.alloc.allocate(12 * MiB, u.s), out_of_memory);
+  CHECK(calls_b == 1);
+  CHECK(u.alloc.stats().num_pressure_handler_calls == 1);
+  CHECK(u.alloc.stats().num_alloc_retries == 2);
+  u.alloc.deallocate(u.a);
+  u.alloc.deallocate(u.b);
+}
+
+TEST_CASE("rounds stop after 8 when a handler claims progress but frees nothing useful") {
+  under_budget u;
+  int calls = 0;
+  u.alloc.add_pressure_handler([&](const pressure_request&) {
+    ++calls;
+    return pressure_result{4096, 0};  // claims a little, frees nothing
+  });
+  CHECK_THROWS_AS(u.alloc.allocate(12 * MiB, u.s), out_of_memory);
+  CHECK(calls == 8);
+  CHECK(u.alloc.stats().num_pressure_handler_calls == 8);
+  CHECK(u.alloc.stats().pressure_handler_freed_bytes == 8 * 4096);
+  u.alloc.deallocate(u.a);
+  u.alloc.deallocate(u.b);
+}
+
+TEST_CASE("a handler's stream-ordered free (a spill) is awaited, then reused") {
+  under_budget u;
+  const stream_ref copy_stream = u.env->new_stream();
+  bool copy_done = false;
+  u.alloc.add_pressure_handler([&](const pressure_request& r) {
+    // The victim is copied out on copy_stream, then freed in stream order after the copy.
+    u.alloc.record_stream(u.a, copy_stream);
+    u.env->sim->launch(copy_stream, 3'000'000, [&] { copy_done = true; });
+    CHECK(u.alloc.deallocate(u.a) == free_status::deferred);
+    return pressure_result{r.bytes, 0};
+  });
+  void* c = u.alloc.allocate(12 * MiB, u.s);
+  CHECK(c == u.a);
+  CHECK(copy_done);  // reused only after the copy completed
+  u.alloc.deallocate(c);
+  u.alloc.deallocate(u.b);
+  check_stats_match_snapshot(u.alloc.stats(), u.alloc.snapshot());
+}
+
+TEST_CASE("lowering the budget asks the handlers, then releases what they freed") {
+  under_budget u;
+  pressure_request seen;
+  u.alloc.add_pressure_handler([&](const pressure_request& r) {
+    seen = r;
+    u.alloc.deallocate(u.b);
+    return pressure_result{12 * MiB, 0};
+  });
+  const budget_report r = u.alloc.set_budget(12 * MiB);
+  CHECK(seen.bytes == 0);
+  CHECK(seen.budget == 12 * MiB);
+  CHECK(seen.reserved == 24 * MiB);
+  CHECK(seen.shortfall == 12 * MiB);
+  CHECK(r.met());
+  CHECK(r.released == 12 * MiB);
+  CHECK(r.reserved == 12 * MiB);
+  CHECK(u.alloc.budget() == 12 * MiB);
+  CHECK_FALSE(u.alloc.owns(u.b));
+  u.alloc.deallocate(u.a);
+}
+
+TEST_CASE("handlers run concurrently from several allocating threads") {
+  // Each thread's allocation is under pressure; the handler evicts victims from a shared list.
+  auto env = make_sim_env();
+  allocator_config c = env->config();
+  c.budget = 64 * MiB;
+  device_allocator alloc(env->backend, c);
+  std::mutex victims_mutex;
+  std::vector<void*> victims;
+  for (int i = 0; i < 5; ++i) victims.push_back(alloc.allocate(12 * MiB));  // 60 MiB reserved
+  std::atomic<int> calls{0};
+  alloc.add_pressure_handler([&](const pressure_request&) {
+    ++calls;
+    void* v = nullptr;
+    {
+      std::lock_guard lock(victims_mutex);
+      if (victims.empty()) return pressure_result{};
+      v = victims.back();
+      victims.pop_back();
+    }
+    alloc.deallocate(v);
+    return pressure_result{12 * MiB, 0};
+  });
+  std::vector<void*> got(4, nullptr);
+  {
+    deadlock_watchdog wd("concurrent pressure handlers");
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        try {
+          got[static_cast<std::size_t>(t)] = alloc.allocate(12 * MiB);
+        } catch (const out_of_memory&) {
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+  }
+  int served = 0;
+  for (void* p : got) {
+    if (p != nullptr) {
+      ++served;
+      alloc.deallocate(p);
+    }
+  }
+  CHECK(served == 4);  // five victims are enough for four requests
+  CHECK(calls.load() >= 1);
+  for (void* v : victims) alloc.deallocate(v);
+  check_stats_match_snapshot(alloc.stats(), alloc.snapshot());
+  CHECK(alloc.stats().allocation[0].current == 0);
+}
