@@ -43,6 +43,10 @@ struct case_result {
   double median_ns = 0;
   double p10_ns = 0;
   double p90_ns = 0;
+  // Time of the timed phase x threads / pairs timed. For multi_thread this counts the time a thread
+  // waits for the others: a lock that lets one thread's batches run alone while the other waits
+  // shows up here, not in the median.
+  double mean_ns = 0;
   std::uint64_t iterations = 0;  // pairs timed
   int threads = 1;
 };
@@ -52,6 +56,7 @@ inline constexpr std::size_t bench_bytes = 4096;
 struct batch_times {
   std::vector<double> ns_per_pair;  // one entry per timed batch
   int pairs_per_batch = 0;
+  std::chrono::steady_clock::time_point start, end;  // of the timed batches
 };
 
 // Times `pair` (one alloc+free pair) in batches, after a warm-up.
@@ -76,11 +81,13 @@ batch_times time_pairs(Pair&& pair, const timing& t) {
   for (int i = 0; i < warmup; ++i) pair();
 
   out.ns_per_pair.reserve(static_cast<std::size_t>(t.batches));
+  out.start = clock::now();
   for (int b = 0; b < t.batches; ++b) {
     t0 = clock::now();
     for (int i = 0; i < out.pairs_per_batch; ++i) pair();
     out.ns_per_pair.push_back(ns_since(t0) / out.pairs_per_batch);
   }
+  out.end = clock::now();
   return out;
 }
 
@@ -94,7 +101,15 @@ inline case_result summarize(std::string name, std::string allocator,
     r.iterations += b.ns_per_pair.size() * static_cast<std::uint64_t>(b.pairs_per_batch);
   }
   r.threads = static_cast<int>(runs.size());
-  if (ns.empty()) return r;
+  if (ns.empty() || r.iterations == 0) return r;
+  auto start = runs.front().start;
+  auto end = runs.front().end;
+  for (const batch_times& b : runs) {
+    start = std::min(start, b.start);
+    end = std::max(end, b.end);
+  }
+  r.mean_ns = std::chrono::duration<double, std::nano>(end - start).count() * r.threads /
+              static_cast<double>(r.iterations);
   std::sort(ns.begin(), ns.end());
   auto at = [&](double q) {
     return ns[static_cast<std::size_t>(q * static_cast<double>(ns.size() - 1) + 0.5)];

@@ -85,13 +85,15 @@ std::vector<case_result> run_spillway(const std::shared_ptr<device_backend>& bac
 
 void print_table(const std::vector<case_result>& results, const std::string& device) {
   std::printf("spillway-alloc-bench on %s: ns per alloc+free pair\n\n", device.c_str());
-  std::printf("  %-14s %-28s %8s %10s %10s %10s %12s\n", "case", "allocator", "threads",
-              "median ns", "p10 ns", "p90 ns", "pairs");
+  std::printf("  %-14s %-28s %8s %10s %10s %10s %10s %12s\n", "case", "allocator", "threads",
+              "median ns", "p10 ns", "p90 ns", "mean ns", "pairs");
   for (const case_result& r : results) {
-    std::printf("  %-14s %-28s %8d %10.1f %10.1f %10.1f %12llu\n", r.name.c_str(),
-                r.allocator.c_str(), r.threads, r.median_ns, r.p10_ns, r.p90_ns,
+    std::printf("  %-14s %-28s %8d %10.1f %10.1f %10.1f %10.1f %12llu\n", r.name.c_str(),
+                r.allocator.c_str(), r.threads, r.median_ns, r.p10_ns, r.p90_ns, r.mean_ns,
                 static_cast<unsigned long long>(r.iterations));
   }
+  std::puts("\n  median/p10/p90: over batches (of every thread); mean: time of the timed phase x threads"
+            " / pairs");
 }
 
 void print_json(const std::vector<case_result>& results, const backend_choice& choice,
@@ -108,6 +110,7 @@ void print_json(const std::vector<case_result>& results, const backend_choice& c
     j.begin_object();
     j.field("case", r.name).field("allocator", r.allocator);
     j.field("median_ns", r.median_ns).field("p10", r.p10_ns).field("p90", r.p90_ns);
+    j.field("mean_ns", r.mean_ns);
     j.field("iterations", r.iterations).field("threads", r.threads);
     j.end_object();
   }
