@@ -297,6 +297,10 @@ pressure_result device_allocator::impl::run_pressure_handlers_releasing_lock(
 // Gives every free segment (and the free tail pages of expandable segments) back to the device.
 // Returns the bytes released. See Note [Releasing memory to the device].
 std::size_t device_allocator::impl::release_cached_locked() {
+  // Frees pending on other streams are awaited first, as PyTorch's synchronize_and_free_events
+  // does: the release synchronises the device anyway, and a block that becomes free may make its
+  // segment free. A stream that cannot be waited for (a held sim stream) keeps its blocks pending.
+  if (pending_count > 0) await_pending_frees_locked(/*all=*/true);
   bool any = false;
   for (const segment& s : segments) {
     block* tail = s.last();
