@@ -230,18 +230,17 @@ TEST_CASE("frees recorded on one stream are reaped in that stream's order") {
   alloc.deallocate(x2);                // event 2 on b, after 5 ms more
 
   env->sim->advance(100'000);          // past x1's use, not x2's
-  alloc.empty_cache();                 // reap: x1 only (and its free segment is released)
-  memory_snapshot snap = alloc.snapshot();
-  CHECK(find_block(snap, x1) == nullptr);  // released with its segment
-  REQUIRE(find_block(snap, x2) != nullptr);
-  CHECK(find_block(snap, x2)->state == block_state::active_pending_free);
+  void* r1 = alloc.allocate(12 * MiB, a);  // the slow path reaps x1 only, and reuses it
+  CHECK(r1 == x1);
+  CHECK(state_of(alloc, x2) == block_state::active_pending_free);
 
   env->sim->advance(10'000'000);
-  alloc.empty_cache();
-  snap = alloc.snapshot();
-  CHECK(snap.segments.empty());
+  void* r2 = alloc.allocate(12 * MiB, a);
+  CHECK(r2 == x2);
+  alloc.deallocate(r1);
+  alloc.deallocate(r2);
   CHECK(alloc.stats().active[0].current == 0);
-  check_stats_match_snapshot(alloc.stats(), snap);
+  check_stats_match_snapshot(alloc.stats(), alloc.snapshot());
 }
 
 TEST_CASE("under budget pressure a pending free is awaited instead of failing") {
@@ -266,4 +265,39 @@ TEST_CASE("under budget pressure a pending free is awaited instead of failing") 
   CHECK(alloc.stats().num_ooms == 0);
   alloc.deallocate(y);
   check_stats_match_snapshot(alloc.stats(), alloc.snapshot());
+}
+
+TEST_CASE("empty_cache waits for frees pending on other streams, then releases everything") {
+  auto env = make_sim_env();
+  device_allocator alloc(env->backend, env->config());
+  const stream_ref a = env->new_stream();
+  const stream_ref b = env->new_stream();
+
+  void* x = alloc.allocate(12 * MiB, a);
+  void* y = alloc.allocate(4096, a);
+  alloc.record_stream(x, b);
+  alloc.record_stream(y, b);
+  env->sim->launch(b, 2'000'000);  // b still uses x and y for 2 ms
+  CHECK(alloc.deallocate(x) == free_status::deferred);
+  CHECK(alloc.deallocate(y) == free_status::deferred);
+
+  // Nothing is live: empty_cache gives everything back, after b is past its use.
+  CHECK(alloc.empty_cache() == 12 * MiB + 2 * MiB);
+  CHECK(env->sim->stream_idle(b));
+  const memory_stats st = alloc.stats();
+  CHECK(st.reserved_bytes[0].current == 0);
+  CHECK(st.active[0].current == 0);
+  CHECK(alloc.snapshot().segments.empty());
+
+  // With b held the wait is impossible: the pending block stays, nothing is released early.
+  void* z = alloc.allocate(12 * MiB, a);
+  alloc.record_stream(z, b);
+  env->sim->hold(b);
+  env->sim->launch(b, 1000);
+  CHECK(alloc.deallocate(z) == free_status::deferred);
+  CHECK(alloc.empty_cache() == 0);
+  CHECK(state_of(alloc, z) == block_state::active_pending_free);
+  env->sim->release(b);
+  CHECK(alloc.empty_cache() == 12 * MiB);
+  CHECK(alloc.snapshot().segments.empty());
 }

@@ -354,3 +354,25 @@ TEST_CASE("handlers run concurrently from several allocating threads") {
   check_stats_match_snapshot(alloc.stats(), alloc.snapshot());
   CHECK(alloc.stats().allocation[0].current == 0);
 }
+
+TEST_CASE("lowering the budget awaits every stream-ordered free the handlers scheduled") {
+  under_budget u;
+  u.alloc.set_budget(unlimited_budget);
+  void* c = u.alloc.allocate(4 * MiB, u.s);  // a 20 MiB segment of its own: 44 MiB reserved
+  const stream_ref copy_stream = u.env->new_stream();
+  u.alloc.add_pressure_handler([&](const pressure_request&) {
+    // Two victims spilled one after the other on the same copy stream.
+    for (void* v : {u.a, u.b}) {
+      u.alloc.record_stream(v, copy_stream);
+      u.env->sim->launch(copy_stream, 2'000'000);
+      CHECK(u.alloc.deallocate(v) == free_status::deferred);
+    }
+    return pressure_result{24 * MiB, 0};
+  });
+  const budget_report r = u.alloc.set_budget(20 * MiB);
+  CHECK(r.met());
+  CHECK(r.released == 24 * MiB);
+  CHECK(r.reserved == 20 * MiB);
+  CHECK(u.alloc.stats().active[0].current == 1);
+  u.alloc.deallocate(c);
+}
