@@ -24,11 +24,14 @@ namespace spillway {
 struct pressure_request {
   int device = 0;
   stream_ref stream;          // the stream of the allocation under pressure
-  std::size_t bytes = 0;      // the contiguous, rounded size needed
+  std::size_t bytes = 0;      // the contiguous, rounded size needed (0: set_budget is trimming)
   bool small_pool = false;    // which pool the request is served from
-  std::size_t budget = 0;     // the budget in force
+  std::size_t budget = 0;     // the budget in force (set_budget: the budget asked for)
   std::size_t reserved = 0;   // reserved bytes when the handler was called
-  std::size_t shortfall = 0;  // how far reserved + bytes exceeds the budget (0 if within budget)
+  // How far reserved + the smallest new segment that serves the request
+  // (size_classes::min_segment_size(bytes)) exceeds the budget, 0 if within budget; for
+  // set_budget, reserved - the budget asked for.
+  std::size_t shortfall = 0;
 };
 
 struct pressure_result {

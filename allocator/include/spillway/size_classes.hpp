@@ -8,6 +8,9 @@
 //   1 MiB+1 .. 10 MiB - 1        multiple of 512 B     large   20 MiB
 //   10 MiB ..                    multiple of 512 B     large   rounded up to 2 MiB
 //
+// The pool and segment columns read the rounded size, as PyTorch's do: a request of
+// 10 MiB - 511 .. 10 MiB - 1 rounds to 10 MiB and gets a 10 MiB segment.
+//
 // A free block is split when the remainder is worth keeping: >= 512 B in the small pool,
 // > 1 MiB in the large pool. Requests above max_request_size are invalid input (no device has
 // that much address space); requests of 0 bytes are invalid input too.
