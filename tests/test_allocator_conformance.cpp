@@ -503,10 +503,12 @@ TEST_CASE_TEMPLATE("describe, owns and coalesced_size_if_freed", B, SPILLWAY_ALL
   CHECK_THROWS_AS(alloc.describe(a), spillway::invalid_argument);
   CHECK_FALSE(alloc.owns(a));
 
-  // A block whose free would wait on another stream coalesces into nothing now.
+  // A free that waits on another stream still counts: the range forms once its event completes.
   alloc.record_stream(b, env.new_stream());
-  CHECK(alloc.coalesced_size_if_freed(b) == 0);
+  CHECK(alloc.coalesced_size_if_freed(b) == 300 * KiB);
+  // Runs of free and pending-free neighbours chain: with b pending, c's range reaches down to a's.
   alloc.deallocate(b);
+  CHECK(alloc.coalesced_size_if_freed(c) == 2 * MiB);
   alloc.deallocate(c);
   env.backend->synchronize_device();
   alloc.empty_cache();

@@ -154,10 +154,14 @@ std::size_t device_allocator::coalesced_size_if_freed(const void* ptr) const noe
   std::lock_guard lock(m.mutex);
   const block* b = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (b == nullptr) return 0;
-  if (!b->stream_uses.empty()) return 0;  // its free waits on other streams
+  // Pending frees become free once their events complete (the pressure path waits for them), so
+  // they count: evicting several neighbours in a row builds one range.
+  const auto reclaimable = [](const block* n) {
+    return n != nullptr && n->status != block_status::allocated;
+  };
   std::size_t size = b->size;
-  if (b->prev != nullptr && b->prev->status == block_status::free) size += b->prev->size;
-  if (b->next != nullptr && b->next->status == block_status::free) size += b->next->size;
+  for (const block* n = b->prev; reclaimable(n); n = n->prev) size += n->size;
+  for (const block* n = b->next; reclaimable(n); n = n->next) size += n->size;
   return size;
 }
 

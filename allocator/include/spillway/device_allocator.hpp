@@ -75,8 +75,9 @@ class device_allocator {
   bool owns(const void* ptr) const noexcept;  // ptr is a live allocation of this allocator
   allocation_info describe(const void* ptr) const;  // throws invalid_argument if not live
 
-  // The size of the free range that deallocating `ptr` now would coalesce into (its own block plus
-  // free neighbours in the same segment). 0 if ptr is not live. For fragmentation-aware eviction.
+  // The size of the free range that deallocating `ptr` would coalesce into once every pending free
+  // has completed: its own block plus the run of free and pending-free neighbours around it in its
+  // segment. 0 if ptr is not live. For fragmentation-aware eviction.
   std::size_t coalesced_size_if_freed(const void* ptr) const noexcept;
 
   budget_report set_budget(std::size_t bytes);
