@@ -1,0 +1,143 @@
+// engine: evicts registered buffers under the allocator's memory pressure, and gives each one
+// back bit-identical before it is used.
+//
+// Contract
+// - An engine serves one device_allocator and registers itself as its pressure handler for its
+//   lifetime. An allocation over budget makes the engine evict (spill or drop, per buffer, by the
+//   cost model) until the allocator can serve it; see Note [Memory pressure path].
+// - register_buffer(ptr, ...) takes ownership of a live allocation of that allocator: from then on
+//   the engine frees it (on eviction or forget) and may move it. The only way to its bytes is pin(),
+//   which makes it resident (restoring or recomputing it) and returns the pointer, valid in stream
+//   order on the buffer's stream (or the stream given to pin) while the pin lives.
+// - Pinned buffers are never evicted. Unpinned resident buffers may be evicted at any allocation.
+// - Spill: the device block returns to the allocator only after its device-to-host copy completed,
+//   in stream order, with no device synchronisation; a restore waits on the spill's event.
+//   If no pinned host memory is available the engine drops (where lineage exists) or picks
+//   another victim; it never loses data.
+// - Recompute is recursive: dropped inputs are rematerialised first and stay pinned while the node
+//   runs. Cycles and runaway recursion fail with invalid_argument / logic_error naming the nodes.
+// - Errors: misuse (unknown or forgotten id, unpin without pin, forget while pinned, registering a
+//   pointer the allocator does not own) is spillway::invalid_argument naming the id or pointer;
+//   out_of_memory passes through from the allocator, naming the pinned bytes.
+// - Thread-safe: one engine mutex, taken before the allocator's (never the other way round).
+//   Pressure callbacks that arrive on the thread that already holds the engine lock (an allocation
+//   the engine itself makes) run under that lock. See Note [Eviction lock order].
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "spillway/device_allocator.hpp"
+#include "spillway/eviction/buffer.hpp"
+#include "spillway/eviction/cost_model.hpp"
+#include "spillway/eviction/lineage.hpp"
+#include "spillway/eviction/policy.hpp"
+
+namespace spillway::eviction {
+
+struct engine_config {
+  std::string policy = "dtr-frag";             // make_policy name
+  std::uint64_t seed = 1;
+  std::size_t host_pool_capacity = std::size_t{64} << 30;  // pinned host bytes for spills
+  link_bandwidth bandwidth{};                  // zero: measured at construction
+  std::size_t max_recompute_depth = 10000;     // lineage depth before runaway recursion is declared
+  bool allow_spill = true;
+  bool allow_drop = true;
+  // Time for staleness (DTR) in ns. Default: steady_clock. The simulator passes the sim clock.
+  std::function<std::uint64_t()> clock;
+};
+
+struct engine_stats {
+  std::uint64_t registered = 0;        // buffers currently registered
+  std::uint64_t resident_bytes = 0;
+  std::uint64_t pinned_bytes = 0;
+  std::uint64_t evictions = 0;
+  std::uint64_t spills = 0;
+  std::uint64_t drops = 0;
+  std::uint64_t restores = 0;          // copies back from host
+  std::uint64_t recomputes = 0;        // lineage node executions
+  std::uint64_t bytes_spilled = 0;
+  std::uint64_t bytes_restored = 0;
+  std::uint64_t bytes_recomputed = 0;
+  double recompute_cost_ns = 0;        // sum of the cost of node executions
+  std::uint64_t host_allocation_failures = 0;
+  std::uint64_t pressure_calls = 0;
+  std::uint64_t decisions = 0;         // policy choose() calls
+  double decision_time_ns = 0;         // total wall time spent in choose()
+};
+
+class eviction_engine;
+
+// A pin: the buffer stays resident, at ptr(), until the pin is destroyed or reset.
+class pinned_buffer {
+ public:
+  pinned_buffer() = default;
+  pinned_buffer(pinned_buffer&& other) noexcept;
+  pinned_buffer& operator=(pinned_buffer&& other) noexcept;
+  ~pinned_buffer();
+
+  void* get() const noexcept { return ptr_; }
+  template <class T>
+  T* as() const noexcept { return static_cast<T*>(ptr_); }
+  buffer_id id() const noexcept { return id_; }
+  std::size_t size() const noexcept { return size_; }
+  explicit operator bool() const noexcept { return engine_ != nullptr; }
+  void reset() noexcept;
+
+ private:
+  friend class eviction_engine;
+  pinned_buffer(eviction_engine* e, buffer_id id, void* ptr, std::size_t size) noexcept
+      : engine_(e), id_(id), ptr_(ptr), size_(size) {}
+  eviction_engine* engine_ = nullptr;
+  buffer_id id_;
+  void* ptr_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+class eviction_engine {
+ public:
+  eviction_engine(device_allocator& allocator, engine_config config = {});
+  ~eviction_engine();  // frees every buffer it owns; unregisters from the allocator
+  eviction_engine(const eviction_engine&) = delete;
+  eviction_engine& operator=(const eviction_engine&) = delete;
+
+  // Lineage: a node whose outputs are registered afterwards with buffer_options::producer.
+  node_id add_node(lineage_node node);
+
+  // Takes ownership of `ptr`, a live allocation of the allocator of `size` bytes used on `stream`.
+  buffer_id register_buffer(void* ptr, std::size_t size, stream_ref stream,
+                            buffer_options options = {});
+  // Gives an existing buffer new lineage: it is now output `output_index` of `producer` (for
+  // example after an in-place update). Lineage may then form a cycle, which rematerialisation
+  // detects and reports.
+  void set_lineage(buffer_id id, node_id producer, std::uint32_t output_index = 0);
+
+  // Releases the buffer (its memory, host copy and, once no output of it is left, its node).
+  // A forgotten buffer that a live node still needs as an input is kept, hidden, until then.
+  void forget(buffer_id id);
+
+  pinned_buffer pin(buffer_id id);                  // usable on the buffer's own stream
+  pinned_buffer pin(buffer_id id, stream_ref use);  // also ordered for `use`
+  void unpin(buffer_id id);                          // for callers that do not use the guard
+
+  void prefetch(buffer_id id);                      // start restoring; returns at once
+  bool evict(buffer_id id, eviction_mode mode = eviction_mode::automatic);  // false if it cannot
+
+  buffer_state state(buffer_id id) const;
+  std::size_t size(buffer_id id) const;
+  engine_stats stats() const;
+  const cost_model& costs() const noexcept;
+  device_allocator& allocator() const noexcept;
+
+  struct impl;  // internal (eviction/src/engine_impl.hpp)
+
+ private:
+  friend class pinned_buffer;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace spillway::eviction

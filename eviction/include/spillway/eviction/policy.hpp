@@ -1,0 +1,82 @@
+// policy: which resident buffer to evict next. Pluggable.
+//
+// The engine offers its eviction candidates (resident, unpinned, evictable buffers) through a
+// candidate_view that is valid for one choose() call, and evicts what the policy returns. It calls
+// choose() again until the request is met, so a policy picks one victim at a time.
+//
+// Policies provided (make_policy(name)):
+//   "dtr"            DTR's h = cost / (size x staleness), with cost the buffer's own plus that of
+//                    the evicted equivalence classes next to it in the lineage graph (DTR's e*
+//                    approximation); evaluated on a random sample of ceil(sqrt(n)) candidates
+//                    (all of them when n <= 64), so a decision is O(sqrt n)
+//   "lru"            the least recently used candidate, O(1)
+//   "largest"        the largest candidate, O(log n)
+//   "dtr-frag"       fragmentation-aware DTR: among sampled candidates, those whose release frees
+//                    a contiguous range that fits the pending request (in its pool and stream) win;
+//                    ties and the rest are ranked by DTR's h
+// See Note [Eviction policies] in docs/eviction.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "spillway/device_backend.hpp"
+#include "spillway/eviction/buffer.hpp"
+
+namespace spillway::eviction {
+
+// What a policy may know about one candidate.
+struct candidate_info {
+  buffer_id id;
+  std::size_t size = 0;
+  stream_ref stream;
+  bool small_pool = false;
+  double staleness_ns = 0;         // time since its last pin or registration (>= 1)
+  double cost_ns = 0;              // the cheaper of recomputing (own node) and spilling it back
+  double neighbourhood_cost_ns = 0;  // evicted equivalence classes adjacent in the lineage graph
+};
+
+// The pending request: the contiguous size the allocator needs, on which stream and pool.
+struct eviction_request {
+  stream_ref stream;
+  std::size_t bytes = 0;       // contiguous bytes wanted (0: just free `shortfall` bytes)
+  bool small_pool = false;
+  std::size_t shortfall = 0;   // bytes over the budget
+};
+
+class candidate_view {
+ public:
+  virtual ~candidate_view() = default;
+  virtual std::size_t count() const = 0;
+  virtual candidate_info at(std::size_t index) const = 0;   // any order; O(1)
+  virtual std::optional<candidate_info> least_recently_used() const = 0;
+  virtual std::optional<candidate_info> largest() const = 0;
+  // The contiguous free range that evicting `id` would leave, counting free and pending-free
+  // neighbours (device_allocator::coalesced_size_if_freed). Costs a lookup in the allocator.
+  virtual std::size_t contiguous_if_evicted(buffer_id id) const = 0;
+};
+
+class eviction_policy {
+ public:
+  virtual ~eviction_policy() = default;
+  virtual std::string_view name() const noexcept = 0;
+  // The next victim, or nullopt when the policy will pick none of the candidates.
+  virtual std::optional<buffer_id> choose(const candidate_view& candidates,
+                                          const eviction_request& request) = 0;
+};
+
+// DTR's score; smaller is a better victim.
+double dtr_score(const candidate_info& c) noexcept;
+
+// "dtr", "lru", "largest", "dtr-frag". Throws spillway::invalid_argument naming the name and the
+// choices for anything else. `seed` drives the sampling.
+std::unique_ptr<eviction_policy> make_policy(std::string_view name, std::uint64_t seed = 1);
+std::vector<std::string> policy_names();
+
+}  // namespace spillway::eviction

@@ -1,0 +1,421 @@
+// engine.cpp: the eviction engine's public API — registration, lineage, pins, forget, queries.
+// The state machine is Note [Eviction state machine] in docs/eviction.md.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "engine_impl.hpp"
+#include "spillway/sim_device.hpp"
+#include "spillway/size_classes.hpp"
+
+namespace spillway::eviction {
+
+using detail::buffer_entry;
+using detail::node_entry;
+
+namespace {
+std::string pointer_text(const void* p) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%p", p);
+  return text;
+}
+}  // namespace
+
+std::string describe_id(buffer_id id) {
+  return "buffer " + std::to_string(id.value & 0xffffffffu) + "#" + std::to_string(id.value >> 32);
+}
+
+std::uint64_t eviction_engine::impl::steady_now() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
+eviction_engine::impl::impl(eviction_engine& s, device_allocator& a, engine_config c)
+    : self(s),
+      allocator(a),
+      backend(a.backend()),
+      config(std::move(c)),
+      policy(make_policy(config.policy, config.seed)),
+      host(a.backend(), config.host_pool_capacity) {
+  if (config.max_recompute_depth == 0) {
+    throw invalid_argument("spillway: engine_config.max_recompute_depth is 0; expected >= 1");
+  }
+  d2h_stream = backend.create_stream();
+  h2d_stream = backend.create_stream();
+  link_bandwidth bw = config.bandwidth;
+  if (bw.h2d <= 0 || bw.d2h <= 0) {
+    // The simulated device's link is its configured model; a real one is measured.
+    if (const auto* sim = dynamic_cast<const sim_device*>(&backend)) {
+      bw = {sim->config().h2d_bandwidth, sim->config().d2h_bandwidth};
+    } else {
+      bw = measure_bandwidth(backend, d2h_stream);
+    }
+  }
+  costs = std::make_unique<cost_model>(bw);
+}
+
+eviction_engine::eviction_engine(device_allocator& allocator, engine_config config)
+    : impl_(std::make_unique<impl>(*this, allocator, std::move(config))) {
+  impl_->handler_id = allocator.add_pressure_handler(
+      [m = impl_.get()](const pressure_request& r) { return m->on_pressure(r); });
+}
+
+eviction_engine::~eviction_engine() {
+  impl& m = *impl_;
+  m.allocator.remove_pressure_handler(m.handler_id);
+  engine_lock lock(m);
+  try {
+    m.backend.synchronize_stream(m.d2h_stream);
+    m.backend.synchronize_stream(m.h2d_stream);
+  } catch (const std::exception&) {
+    // A held simulated stream: the host pool still waits on each event before reusing memory.
+  }
+  m.reap_in_flight_locked();
+  m.buffers.for_each([&](buffer_entry& e) {
+    if (m.candidates.contains(e)) m.candidates.erase(e);
+    if (e.device_ptr != nullptr) m.allocator.deallocate(e.device_ptr);
+    m.discard_host_copy_locked(e);
+  });
+  for (event_ref e : m.idle_events) m.backend.destroy_event(e);
+  m.backend.destroy_stream(m.d2h_stream);
+  m.backend.destroy_stream(m.h2d_stream);
+}
+
+// --- lookups ---------------------------------------------------------------------------------------
+
+buffer_entry& eviction_engine::impl::lookup_locked(buffer_id id, const char* operation) const {
+  buffer_entry* e = buffers.find(id.value);
+  if (e != nullptr && e->user_owned) return *e;
+  const bool forgotten = e != nullptr || buffers.stale(id.value);
+  throw invalid_argument(std::string("spillway: ") + operation + "(" + describe_id(id) + "): " +
+                         (forgotten ? "the buffer was forgotten" : "no such buffer"));
+}
+
+node_entry& eviction_engine::impl::lookup_node_locked(node_id id, const char* operation) const {
+  node_entry* n = nodes.find(id.value);
+  if (n != nullptr && n->alive) return *n;
+  throw invalid_argument(std::string("spillway: ") + operation + ": lineage node " +
+                         std::to_string(id.value & 0xffffffffu) +
+                         (nodes.stale(id.value) ? " no longer exists (all its outputs were forgotten)"
+                                                : " does not exist"));
+}
+
+// --- lineage ---------------------------------------------------------------------------------------
+
+node_id eviction_engine::add_node(lineage_node desc) {
+  impl& m = *impl_;
+  if (!desc.compute) {
+    throw invalid_argument("spillway: add_node(" + desc.name + "): compute is empty");
+  }
+  if (desc.output_count == 0) {
+    throw invalid_argument("spillway: add_node(" + desc.name + "): output_count is 0; expected >= 1");
+  }
+  if (!(desc.cost_ns >= 0) || !std::isfinite(desc.cost_ns)) {
+    throw invalid_argument("spillway: add_node(" + desc.name + "): cost_ns " +
+                           std::to_string(desc.cost_ns) + " is not a finite number >= 0");
+  }
+  engine_lock lock(m);
+  std::vector<buffer_entry*> inputs;
+  inputs.reserve(desc.inputs.size());
+  for (buffer_id in : desc.inputs) inputs.push_back(&m.lookup_locked(in, "add_node input"));
+  for (buffer_entry* in : inputs) in->consumers.reserve(in->consumers.size() + 1);
+  std::uint64_t id = 0;
+  node_entry* n = m.nodes.make(id);
+  n->id = id;
+  n->alive = true;
+  n->outputs.assign(desc.output_count, nullptr);
+  n->output_sizes.assign(desc.output_count, 0);
+  n->desc = std::move(desc);
+  n->inputs = std::move(inputs);
+  for (buffer_entry* in : n->inputs) in->consumers.push_back(n);  // reserved below, cannot throw
+  return node_id{id};
+}
+
+void eviction_engine::impl::attach_output_locked(buffer_entry& e, node_entry& n, std::uint32_t index) {
+  if (index >= n.outputs.size()) {
+    throw invalid_argument("spillway: output_index " + std::to_string(index) + " of node '" +
+                           n.desc.name + "' is out of range; it has " +
+                           std::to_string(n.outputs.size()) + " output(s)");
+  }
+  if (n.outputs[index] != nullptr && n.outputs[index] != &e) {
+    throw invalid_argument("spillway: output " + std::to_string(index) + " of node '" + n.desc.name +
+                           "' is already " + describe_id(n.outputs[index]->id));
+  }
+  if (n.output_sizes[index] != 0 && n.output_sizes[index] != e.size) {
+    throw invalid_argument("spillway: output " + std::to_string(index) + " of node '" + n.desc.name +
+                           "' has " + std::to_string(n.output_sizes[index]) + " bytes, not " +
+                           std::to_string(e.size));
+  }
+  if (n.live_outputs == 0 && n.outputs[index] == nullptr) n.stream = e.stream;
+  if (n.outputs[index] == nullptr) ++n.live_outputs;
+  n.outputs[index] = &e;
+  n.output_sizes[index] = e.size;
+  e.producer = &n;
+  e.output_index = index;
+}
+
+void eviction_engine::impl::detach_output_locked(buffer_entry& e) noexcept {
+  node_entry* n = e.producer;
+  if (n == nullptr) return;
+  e.producer = nullptr;
+  n->outputs[e.output_index] = nullptr;
+  if (--n->live_outputs == 0) retire_node_locked(*n);
+}
+
+// A node with no output left can never be asked to recompute: it lets go of its inputs.
+void eviction_engine::impl::retire_node_locked(node_entry& n) noexcept {
+  std::vector<buffer_entry*> inputs = std::move(n.inputs);
+  nodes.recycle(n.id);
+  for (buffer_entry* in : inputs) {
+    std::erase(in->consumers, &n);
+    if (in->consumers.empty() && !in->user_owned) release_entry_locked(*in);
+  }
+}
+
+void eviction_engine::set_lineage(buffer_id id, node_id producer, std::uint32_t output_index) {
+  impl& m = *impl_;
+  engine_lock lock(m);
+  buffer_entry& e = m.lookup_locked(id, "set_lineage");
+  node_entry& n = m.lookup_node_locked(producer, "set_lineage");
+  if (e.producer == &n && e.output_index == output_index) return;
+  node_entry* old = e.producer;
+  const std::uint32_t old_index = e.output_index;
+  m.attach_output_locked(e, n, output_index);  // validates first; throws before any change
+  if (old != nullptr) {
+    old->outputs[old_index] = nullptr;
+    if (--old->live_outputs == 0) m.retire_node_locked(*old);
+  }
+}
+
+// --- registration ------------------------------------------------------------------------------------
+
+buffer_id eviction_engine::register_buffer(void* ptr, std::size_t size, stream_ref stream,
+                                           buffer_options options) {
+  impl& m = *impl_;
+  engine_lock lock(m);
+  if (!m.allocator.owns(ptr)) {
+    throw invalid_argument("spillway: register_buffer(" + pointer_text(ptr) +
+                           "): not a live allocation of device " +
+                           std::to_string(m.allocator.device()) + "'s allocator");
+  }
+  const allocation_info info = m.allocator.describe(ptr);
+  if (size == 0 || size > info.size) {
+    throw invalid_argument("spillway: register_buffer(" + pointer_text(ptr) + ", " +
+                           std::to_string(size) + " bytes): expected 1.." +
+                           std::to_string(info.size) + " bytes (the allocation's size)");
+  }
+  if (m.by_pointer.count(ptr) != 0) {
+    throw invalid_argument("spillway: register_buffer(" + pointer_text(ptr) + "): already " +
+                           describe_id(m.by_pointer[ptr]->id));
+  }
+  node_entry* producer =
+      options.producer.valid() ? &m.lookup_node_locked(options.producer, "register_buffer") : nullptr;
+
+  std::uint64_t id = 0;
+  buffer_entry* e = m.buffers.make(id);
+  e->id = buffer_id{id};
+  e->device_ptr = ptr;
+  e->size = size;
+  e->stream = stream;
+  e->small_pool = info.size <= size_classes::small_size;
+  e->evictable = options.evictable;
+  e->mode = options.mode;
+  e->last_access_ns = m.now();
+  try {
+    if (producer != nullptr) m.attach_output_locked(*e, *producer, options.output_index);
+    m.by_pointer.emplace(ptr, e);
+    m.update_candidacy_locked(*e);
+  } catch (...) {
+    m.by_pointer.erase(ptr);
+    if (e->producer != nullptr) {
+      e->producer->outputs[e->output_index] = nullptr;
+      --e->producer->live_outputs;
+    }
+    m.buffers.recycle(id);
+    throw;
+  }
+  ++m.stats.registered;
+  return e->id;
+}
+
+void eviction_engine::forget(buffer_id id) {
+  impl& m = *impl_;
+  engine_lock lock(m);
+  buffer_entry& e = m.lookup_locked(id, "forget");
+  if (e.pins > 0) {
+    throw invalid_argument("spillway: forget(" + describe_id(id) + "): it is pinned (" +
+                           std::to_string(e.pins) + " pin(s)); unpin it first");
+  }
+  e.user_owned = false;
+  --m.stats.registered;
+  if (e.consumers.empty()) m.release_entry_locked(e);
+  // else: a live node needs it as an input; it stays, hidden and evictable, until then.
+}
+
+// Frees everything the entry holds and recycles it. Cascades through nodes that lose their last
+// output.
+void eviction_engine::impl::release_entry_locked(buffer_entry& e) noexcept {
+  if (candidates.contains(e)) candidates.erase(e);
+  if (e.device_ptr != nullptr) {
+    by_pointer.erase(e.device_ptr);
+    allocator.deallocate(e.device_ptr);
+    e.device_ptr = nullptr;
+  }
+  discard_host_copy_locked(e);
+  for (auto it = in_flight.begin(); it != in_flight.end(); ++it) {
+    if (*it == &e) {
+      in_flight.erase(it);
+      break;
+    }
+  }
+  if (e.ready.value != 0) give_event_locked(e.ready);
+  const std::uint64_t id = e.id.value;
+  detach_output_locked(e);
+  buffers.recycle(id);
+}
+
+// --- pins ----------------------------------------------------------------------------------------------
+
+pinned_buffer eviction_engine::pin(buffer_id id) {
+  impl& m = *impl_;
+  engine_lock lock(m);
+  buffer_entry& e = m.lookup_locked(id, "pin");
+  m.make_resident_locked(e, 0);
+  m.pin_locked(e);
+  return pinned_buffer(this, id, e.device_ptr, e.size);
+}
+
+pinned_buffer eviction_engine::pin(buffer_id id, stream_ref use) {
+  impl& m = *impl_;
+  engine_lock lock(m);
+  buffer_entry& e = m.lookup_locked(id, "pin");
+  m.make_resident_locked(e, 0);
+  m.pin_locked(e);
+  try {
+    if (use != e.stream) m.order_after_locked(use, e.stream);
+  } catch (...) {
+    m.unpin_locked(e);
+    throw;
+  }
+  return pinned_buffer(this, id, e.device_ptr, e.size);
+}
+
+void eviction_engine::unpin(buffer_id id) {
+  impl& m = *impl_;
+  engine_lock lock(m);
+  buffer_entry& e = m.lookup_locked(id, "unpin");
+  if (e.pins == 0) {
+    throw invalid_argument("spillway: unpin(" + describe_id(id) + "): it is not pinned");
+  }
+  m.unpin_locked(e);
+}
+
+void eviction_engine::impl::pin_locked(buffer_entry& e) {
+  if (e.pins++ == 0) {
+    stats.pinned_bytes += e.size;
+    if (candidates.contains(e)) candidates.erase(e);
+  }
+  e.last_access_ns = now();
+}
+
+void eviction_engine::impl::unpin_locked(buffer_entry& e) noexcept {
+  if (--e.pins > 0) return;
+  stats.pinned_bytes -= e.size;
+  e.last_access_ns = now();
+  try {
+    update_candidacy_locked(e);
+  } catch (...) {
+    // Out of memory for the candidate vector: the buffer simply stays resident.
+  }
+}
+
+// A candidate is resident, unpinned and evictable (Note [Eviction state machine]).
+void eviction_engine::impl::update_candidacy_locked(buffer_entry& e) {
+  const bool should = e.state == buffer_state::resident && e.pins == 0 && e.evictable;
+  if (should && !candidates.contains(e)) candidates.insert(e);
+  if (!should && candidates.contains(e)) candidates.erase(e);
+}
+
+// --- other operations and queries ---------------------------------------------------------------------
+
+void eviction_engine::prefetch(buffer_id id) {
+  impl& m = *impl_;
+  engine_lock lock(m);
+  buffer_entry& e = m.lookup_locked(id, "prefetch");
+  m.reap_in_flight_locked();
+  if (e.state == buffer_state::spilled || e.state == buffer_state::spilling) m.restore_locked(e);
+}
+
+bool eviction_engine::evict(buffer_id id, eviction_mode mode) {
+  impl& m = *impl_;
+  engine_lock lock(m);
+  buffer_entry& e = m.lookup_locked(id, "evict");
+  if (e.pins > 0) {
+    throw invalid_argument("spillway: evict(" + describe_id(id) + "): it is pinned");
+  }
+  m.reap_in_flight_locked();
+  if (e.state != buffer_state::resident) return e.state != buffer_state::restoring;
+  return m.evict_locked(e, mode);
+}
+
+buffer_state eviction_engine::state(buffer_id id) const {
+  impl& m = *impl_;
+  engine_lock lock(m);
+  m.reap_in_flight_locked();
+  return m.lookup_locked(id, "state").state;
+}
+
+std::size_t eviction_engine::size(buffer_id id) const {
+  impl& m = *impl_;
+  engine_lock lock(m);
+  return m.lookup_locked(id, "size").size;
+}
+
+engine_stats eviction_engine::stats() const {
+  impl& m = *impl_;
+  engine_lock lock(m);
+  engine_stats s = m.stats;
+  s.resident_bytes = 0;
+  m.buffers.for_each([&](const buffer_entry& e) {
+    if (e.device_ptr != nullptr) s.resident_bytes += e.size;
+  });
+  return s;
+}
+
+const cost_model& eviction_engine::costs() const noexcept { return *impl_->costs; }
+device_allocator& eviction_engine::allocator() const noexcept { return impl_->allocator; }
+
+// --- pinned_buffer --------------------------------------------------------------------------------------
+
+pinned_buffer::pinned_buffer(pinned_buffer&& o) noexcept
+    : engine_(o.engine_), id_(o.id_), ptr_(o.ptr_), size_(o.size_) {
+  o.engine_ = nullptr;
+}
+
+pinned_buffer& pinned_buffer::operator=(pinned_buffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    engine_ = o.engine_;
+    id_ = o.id_;
+    ptr_ = o.ptr_;
+    size_ = o.size_;
+    o.engine_ = nullptr;
+  }
+  return *this;
+}
+
+pinned_buffer::~pinned_buffer() { reset(); }
+
+void pinned_buffer::reset() noexcept {
+  if (engine_ == nullptr) return;
+  eviction_engine::impl& m = *engine_->impl_;
+  engine_lock lock(m);
+  if (detail::buffer_entry* e = m.buffers.find(id_.value); e != nullptr && e->pins > 0) {
+    m.unpin_locked(*e);
+  }
+  engine_ = nullptr;
+  ptr_ = nullptr;
+}
+
+}  // namespace spillway::eviction

@@ -1,0 +1,107 @@
+// engine_impl.hpp (internal): the eviction engine's state and its named steps.
+//
+// Methods ending in _locked assume the engine mutex is held (engine_lock). Files:
+//   engine.cpp            public API: registration, lineage, pin/unpin, forget, queries
+//   engine_spill.cpp      spill to pinned host, restore, in-flight copy bookkeeping, events
+//   engine_recompute.cpp  drop, recursive rematerialisation, DTR equivalence classes
+//   engine_pressure.cpp   the allocator's pressure handler, victim choice, the candidate view
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "registry.hpp"
+#include "spillway/errors.hpp"
+#include "spillway/eviction/engine.hpp"
+#include "spillway/eviction/host_pool.hpp"
+
+namespace spillway::eviction {
+
+struct eviction_engine::impl {
+  impl(eviction_engine& self, device_allocator& allocator, engine_config config);
+
+  // --- state -------------------------------------------------------------------------------------
+  eviction_engine& self;
+  device_allocator& allocator;
+  device_backend& backend;
+  engine_config config;
+  std::unique_ptr<eviction_policy> policy;
+  std::unique_ptr<cost_model> costs;
+  host_pool host;
+  stream_ref d2h_stream;   // dedicated copy streams
+  stream_ref h2d_stream;
+
+  mutable std::mutex mutex;
+  std::atomic<std::thread::id> lock_owner{};  // see Note [Eviction lock order]
+
+  detail::slot_arena<detail::buffer_entry> buffers;
+  detail::slot_arena<detail::node_entry> nodes;
+  detail::candidate_set candidates;
+  std::unordered_map<void*, detail::buffer_entry*> by_pointer;  // resident device pointers
+  std::vector<detail::buffer_entry*> in_flight;  // spilling or restoring, waiting on an event
+  std::vector<event_ref> idle_events;
+  std::size_t d2h_queued_bytes = 0;
+  engine_stats stats;
+  pressure_handler_id handler_id = 0;
+
+  // --- engine.cpp ----------------------------------------------------------------------------------
+  std::uint64_t now() const { return config.clock ? config.clock() : steady_now(); }
+  static std::uint64_t steady_now();
+  detail::buffer_entry& lookup_locked(buffer_id id, const char* operation) const;
+  detail::node_entry& lookup_node_locked(node_id id, const char* operation) const;
+  void pin_locked(detail::buffer_entry& e);
+  void unpin_locked(detail::buffer_entry& e) noexcept;
+  void update_candidacy_locked(detail::buffer_entry& e);
+  void attach_output_locked(detail::buffer_entry& e, detail::node_entry& n, std::uint32_t index);
+  void detach_output_locked(detail::buffer_entry& e) noexcept;
+  void release_entry_locked(detail::buffer_entry& e) noexcept;
+  void retire_node_locked(detail::node_entry& n) noexcept;
+
+  // --- engine_spill.cpp ----------------------------------------------------------------------------
+  event_ref take_event_locked();
+  void give_event_locked(event_ref e) noexcept;
+  bool spill_locked(detail::buffer_entry& e);
+  void restore_locked(detail::buffer_entry& e);
+  void reap_in_flight_locked();
+  void discard_host_copy_locked(detail::buffer_entry& e) noexcept;
+  void order_after_locked(stream_ref waiter, stream_ref producer);
+
+  // --- engine_recompute.cpp ------------------------------------------------------------------------
+  void make_resident_locked(detail::buffer_entry& e, std::size_t depth);
+  bool can_drop_locked(const detail::buffer_entry& e) const noexcept;
+  void drop_locked(detail::buffer_entry& e) noexcept;
+  void recompute_locked(detail::node_entry& n, std::size_t depth);
+  double neighbourhood_cost_locked(const detail::buffer_entry& e) const;
+  static detail::buffer_entry* class_root(detail::buffer_entry* e) noexcept;
+
+  // --- engine_pressure.cpp -------------------------------------------------------------------------
+  pressure_result on_pressure(const pressure_request& request);
+  pressure_result evict_for_locked(const eviction_request& request);
+  bool evict_locked(detail::buffer_entry& e, eviction_mode mode);
+  candidate_info describe_candidate_locked(const detail::buffer_entry& e, std::uint64_t now) const;
+  void* allocate_locked(std::size_t bytes, stream_ref stream);
+};
+
+// Takes the engine mutex and records the owning thread, so that a pressure callback arriving on
+// this thread (from an allocation the engine makes) knows it already holds the lock.
+class engine_lock {
+ public:
+  explicit engine_lock(eviction_engine::impl& m) : m_(m), lock_(m.mutex) {
+    m_.lock_owner.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  }
+  ~engine_lock() { m_.lock_owner.store(std::thread::id{}, std::memory_order_relaxed); }
+  engine_lock(const engine_lock&) = delete;
+  engine_lock& operator=(const engine_lock&) = delete;
+
+ private:
+  eviction_engine::impl& m_;
+  std::lock_guard<std::mutex> lock_;
+};
+
+std::string describe_id(buffer_id id);
+
+}  // namespace spillway::eviction

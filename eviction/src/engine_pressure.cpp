@@ -1,0 +1,166 @@
+// engine_pressure.cpp: the allocator's pressure handler — choose victims, evict them, until the
+// pending allocation can be served.
+//
+// The handler frees a contiguous range that fits the request when it can: each victim on the
+// request's stream and pool is checked with coalesced_size_if_freed before it is evicted, and the
+// round ends as soon as one range fits. Victims elsewhere only help by bytes (their segments may
+// become free and be released by the allocator's next step), so a round also ends once it has
+// freed max(request, shortfall) bytes; the allocator calls again if that was not enough.
+#include <algorithm>
+#include <chrono>
+
+#include "engine_impl.hpp"
+
+namespace spillway::eviction {
+
+using detail::buffer_entry;
+
+namespace {
+
+class engine_candidate_view final : public candidate_view {
+ public:
+  engine_candidate_view(const eviction_engine::impl& m, std::uint64_t now) : m_(m), now_(now) {}
+
+  std::size_t count() const override { return m_.candidates.size(); }
+  candidate_info at(std::size_t i) const override {
+    return m_.describe_candidate_locked(*m_.candidates.at(i), now_);
+  }
+  std::optional<candidate_info> least_recently_used() const override {
+    const buffer_entry* e = m_.candidates.oldest();
+    if (e == nullptr) return std::nullopt;
+    return m_.describe_candidate_locked(*e, now_);
+  }
+  std::optional<candidate_info> largest() const override {
+    const buffer_entry* e = m_.candidates.largest();
+    if (e == nullptr) return std::nullopt;
+    return m_.describe_candidate_locked(*e, now_);
+  }
+  std::size_t contiguous_if_evicted(buffer_id id) const override {
+    const buffer_entry* e = m_.buffers.find(id.value);
+    return e != nullptr && e->device_ptr != nullptr
+               ? m_.allocator.coalesced_size_if_freed(e->device_ptr)
+               : 0;
+  }
+
+ private:
+  const eviction_engine::impl& m_;
+  std::uint64_t now_;
+};
+
+double elapsed_ns(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - since).count();
+}
+
+}  // namespace
+
+candidate_info eviction_engine::impl::describe_candidate_locked(const buffer_entry& e,
+                                                                std::uint64_t now) const {
+  candidate_info c;
+  c.id = e.id;
+  c.size = e.size;
+  c.stream = e.stream;
+  c.small_pool = e.small_pool;
+  c.staleness_ns = now > e.last_access_ns ? static_cast<double>(now - e.last_access_ns) : 1.0;
+  const bool can_drop = can_drop_locked(e);
+  const bool can_spill = config.allow_spill && e.mode != eviction_mode::drop;
+  const double recompute = e.producer != nullptr ? e.producer->desc.cost_ns : 0;
+  const double neighbourhood = can_drop ? neighbourhood_cost_locked(e) : 0;
+  switch (costs->choose(e.mode, e.size, d2h_queued_bytes, can_spill, can_drop, recompute,
+                        neighbourhood)) {
+    case eviction_action::drop:
+      c.cost_ns = recompute;
+      c.neighbourhood_cost_ns = neighbourhood;
+      break;
+    case eviction_action::spill:
+      c.cost_ns = costs->spill_cost_ns(e.size, d2h_queued_bytes);
+      break;
+    case eviction_action::none:
+      c.cost_ns = 1e30;  // a last resort
+      break;
+  }
+  return c;
+}
+
+pressure_result eviction_engine::impl::on_pressure(const pressure_request& r) {
+  eviction_request request;
+  request.stream = r.stream;
+  request.bytes = r.bytes;
+  request.small_pool = r.small_pool;
+  request.shortfall = r.shortfall;
+  // An allocation made by the engine itself (restore, recompute) calls back on this thread, which
+  // holds the engine lock already. See Note [Eviction lock order].
+  if (lock_owner.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
+    return evict_for_locked(request);
+  }
+  engine_lock lock(*this);
+  return evict_for_locked(request);
+}
+
+pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& request) {
+  ++stats.pressure_calls;
+  reap_in_flight_locked();
+  pressure_result result;
+  std::vector<buffer_entry*> skipped;  // could not be evicted now; candidates again afterwards
+  const std::size_t enough = std::max(request.bytes, request.shortfall);
+  const engine_candidate_view view(*this, now());
+
+  while (candidates.size() > 0) {
+    const auto started = std::chrono::steady_clock::now();
+    const std::optional<buffer_id> choice = policy->choose(view, request);
+    stats.decision_time_ns += elapsed_ns(started);
+    ++stats.decisions;
+    buffer_entry* victim = choice ? buffers.find(choice->value) : nullptr;
+    if (victim == nullptr || !candidates.contains(*victim)) break;
+
+    const bool serves_request = request.bytes > 0 && victim->stream == request.stream &&
+                                victim->small_pool == request.small_pool;
+    const std::size_t contiguous =
+        serves_request ? allocator.coalesced_size_if_freed(victim->device_ptr) : 0;
+    if (!evict_locked(*victim, victim->mode)) {
+      if (candidates.contains(*victim)) candidates.erase(*victim);
+      skipped.push_back(victim);
+      continue;
+    }
+    result.freed += victim->size;
+    if (serves_request && contiguous >= request.bytes) break;
+    if (result.freed >= enough) break;
+  }
+  for (buffer_entry* e : skipped) update_candidacy_locked(*e);
+  result.pinned = stats.pinned_bytes;
+  return result;
+}
+
+// Evicts one resident, unpinned buffer by the cost model's choice; false if neither way works.
+bool eviction_engine::impl::evict_locked(buffer_entry& e, eviction_mode mode) {
+  if (candidates.contains(e)) candidates.erase(e);
+  const bool can_drop = can_drop_locked(e) && mode != eviction_mode::spill;
+  const bool can_spill = config.allow_spill && e.mode != eviction_mode::drop &&
+                         mode != eviction_mode::drop;
+  const double recompute = e.producer != nullptr ? e.producer->desc.cost_ns : 0;
+  const eviction_action action =
+      costs->choose(mode, e.size, d2h_queued_bytes, can_spill, can_drop, recompute,
+                    can_drop ? neighbourhood_cost_locked(e) : 0);
+  bool done = false;
+  if (action == eviction_action::spill) {
+    done = spill_locked(e);
+    if (!done && can_drop) {  // no pinned memory (or a copy fault): recompute it later instead
+      drop_locked(e);
+      done = true;
+    }
+  } else if (action == eviction_action::drop) {
+    drop_locked(e);
+    done = true;
+  }
+  if (!done) {
+    update_candidacy_locked(e);
+    return false;
+  }
+  ++stats.evictions;
+  return true;
+}
+
+void* eviction_engine::impl::allocate_locked(std::size_t bytes, stream_ref stream) {
+  return allocator.allocate(bytes, stream);  // may call on_pressure on this thread
+}
+
+}  // namespace spillway::eviction

@@ -1,0 +1,186 @@
+// engine_spill.cpp: spilling to pinned host memory and restoring, in stream order.
+//
+// Note [Spill and restore stream order] (docs/eviction.md), in short:
+//   spill    event A on the buffer's stream -> d2h stream waits A -> copy to host -> event S on
+//            d2h; the device block is record_stream'ed onto d2h and freed, so the allocator reuses
+//            it only after S (no device synchronisation).
+//   restore  new block on the buffer's stream; h2d stream waits S -> copy to device -> event R on
+//            h2d; the buffer's stream waits R; the host block returns to the pool after R.
+#include "engine_impl.hpp"
+
+namespace spillway::eviction {
+
+using detail::buffer_entry;
+
+event_ref eviction_engine::impl::take_event_locked() {
+  if (idle_events.empty()) return backend.create_event();
+  const event_ref e = idle_events.back();
+  idle_events.pop_back();
+  return e;
+}
+
+void eviction_engine::impl::give_event_locked(event_ref e) noexcept {
+  try {
+    idle_events.push_back(e);
+  } catch (...) {
+    backend.destroy_event(e);
+  }
+}
+
+// `waiter` will not run past this point before the work already queued on `producer` is done.
+void eviction_engine::impl::order_after_locked(stream_ref waiter, stream_ref producer) {
+  const event_ref e = take_event_locked();
+  try {
+    backend.record_event(e, producer);
+    backend.stream_wait_event(waiter, e);
+  } catch (...) {
+    give_event_locked(e);
+    throw;
+  }
+  give_event_locked(e);  // re-recording later is fine: the wait captured this recording
+}
+
+// Returns false, changing nothing, when the spill cannot be done (no pinned memory, a copy fault).
+bool eviction_engine::impl::spill_locked(buffer_entry& e) {
+  void* host_block = host.allocate(e.size);
+  if (host_block == nullptr) {
+    ++stats.host_allocation_failures;
+    return false;
+  }
+  event_ref done{};
+  try {
+    order_after_locked(d2h_stream, e.stream);  // the copy reads what e.stream wrote
+    backend.copy_async(host_block, e.device_ptr, e.size, copy_kind::device_to_host, d2h_stream);
+    done = take_event_locked();
+    backend.record_event(done, d2h_stream);
+    allocator.record_stream(e.device_ptr, d2h_stream);
+    in_flight.reserve(in_flight.size() + 1);
+  } catch (const std::exception&) {
+    // Nothing was freed: the buffer stays resident. A copy already queued only reads the block,
+    // which stays allocated, into host memory that the pool reuses after the stream drains.
+    if (done.value != 0) give_event_locked(done);
+    try {
+      backend.synchronize_stream(d2h_stream);
+    } catch (...) {
+    }
+    host.free(host_block);
+    return false;
+  }
+  by_pointer.erase(e.device_ptr);
+  allocator.deallocate(e.device_ptr);  // deferred until `done`: see Note [Cross-stream frees]
+  e.device_ptr = nullptr;
+  e.host_ptr = host_block;
+  e.spill_done = done;
+  e.state = buffer_state::spilling;
+  in_flight.push_back(&e);
+  d2h_queued_bytes += e.size;
+  ++stats.spills;
+  stats.bytes_spilled += e.size;
+  return true;
+}
+
+// Makes a spilled (or spilling) buffer resident again, in stream order on its stream.
+void eviction_engine::impl::restore_locked(buffer_entry& e) {
+  e.state = buffer_state::restoring;  // not a candidate while its new block is being filled
+  void* block = nullptr;
+  try {
+    block = allocate_locked(e.size, e.stream);
+  } catch (...) {
+    e.state = e.spill_done.value != 0 ? buffer_state::spilling : buffer_state::spilled;
+    throw;
+  }
+  event_ref ready{};
+  try {
+    if (e.spill_done.value != 0) backend.stream_wait_event(h2d_stream, e.spill_done);
+    order_after_locked(h2d_stream, e.stream);  // the block may have been used before on e.stream
+    backend.copy_async(block, e.host_ptr, e.size, copy_kind::host_to_device, h2d_stream);
+    ready = take_event_locked();
+    backend.record_event(ready, h2d_stream);
+    backend.stream_wait_event(e.stream, ready);
+    by_pointer.emplace(block, &e);
+    in_flight.reserve(in_flight.size() + 1);
+  } catch (...) {
+    if (ready.value != 0) give_event_locked(ready);
+    by_pointer.erase(block);
+    try {
+      backend.synchronize_stream(h2d_stream);
+    } catch (...) {
+    }
+    allocator.deallocate(block);
+    e.state = e.spill_done.value != 0 ? buffer_state::spilling : buffer_state::spilled;
+    throw;
+  }
+  // The host copy returns to the pool once the copy that reads it has completed.
+  const event_ref host_done = take_event_locked();
+  try {
+    backend.record_event(host_done, h2d_stream);
+    host.free_after(e.host_ptr, host_done);
+  } catch (...) {
+    give_event_locked(host_done);
+    try {
+      backend.synchronize_stream(h2d_stream);
+      host.free(e.host_ptr);
+    } catch (...) {
+    }
+  }
+  if (e.spill_done.value != 0) {
+    d2h_queued_bytes -= e.size;
+    give_event_locked(e.spill_done);
+    e.spill_done = {};
+    std::erase(in_flight, &e);
+  }
+  e.host_ptr = nullptr;
+  e.device_ptr = block;
+  e.ready = ready;
+  in_flight.push_back(&e);
+  ++stats.restores;
+  stats.bytes_restored += e.size;
+}
+
+// Moves buffers whose copies have completed on: spilling -> spilled, restoring -> resident.
+void eviction_engine::impl::reap_in_flight_locked() {
+  for (std::size_t i = 0; i < in_flight.size();) {
+    buffer_entry& e = *in_flight[i];
+    const bool spilling = e.state == buffer_state::spilling;
+    const event_ref ev = spilling ? e.spill_done : e.ready;
+    if (!backend.event_completed(ev)) {
+      ++i;
+      continue;
+    }
+    give_event_locked(ev);
+    if (spilling) {
+      e.spill_done = {};
+      e.state = buffer_state::spilled;
+      d2h_queued_bytes -= e.size;
+    } else {
+      e.ready = {};
+      e.state = buffer_state::resident;
+      update_candidacy_locked(e);
+    }
+    in_flight[i] = in_flight.back();
+    in_flight.pop_back();
+  }
+}
+
+// Drops the host copy of a buffer: now if no copy touches it, after the spill's copy otherwise.
+void eviction_engine::impl::discard_host_copy_locked(buffer_entry& e) noexcept {
+  if (e.host_ptr == nullptr) return;
+  try {
+    if (e.spill_done.value != 0) {
+      host.free_after(e.host_ptr, e.spill_done);  // the pool owns the event now
+      d2h_queued_bytes -= e.size;
+      e.spill_done = {};
+      std::erase(in_flight, &e);
+    } else {
+      host.free(e.host_ptr);
+    }
+  } catch (...) {
+    // An unknown host pointer cannot happen; if it did, leaking is safer than freeing.
+  }
+  e.host_ptr = nullptr;
+  if (e.state == buffer_state::spilling || e.state == buffer_state::spilled) {
+    e.state = buffer_state::dropped;
+  }
+}
+
+}  // namespace spillway::eviction

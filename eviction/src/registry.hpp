@@ -1,0 +1,174 @@
+// registry.hpp (internal): the records of evictable buffers and lineage nodes, and the candidate
+// set the policies choose from.
+//
+// - Records live in slot arenas; an id is (slot index + 1) | generation << 32, so an id used after
+//   forget() is recognised as stale. Making and recycling records never touches the heap once the
+//   arena has grown to the working set.
+// - candidate_set holds the eviction candidates (resident, unpinned, evictable) three ways, all
+//   intrusive: a vector for O(1) random access (sampling), an LRU list, and a size-ordered tree.
+//   See Note [Eviction state machine] in docs/eviction.md.
+#pragma once
+
+#include <boost/intrusive/list.hpp>
+#include <boost/intrusive/set.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "spillway/eviction/buffer.hpp"
+#include "spillway/eviction/lineage.hpp"
+
+namespace spillway::eviction::detail {
+
+namespace bi = boost::intrusive;
+
+struct node_entry;
+
+struct buffer_entry {
+  bi::list_member_hook<bi::link_mode<bi::normal_link>> lru_hook;   // candidates, oldest first
+  bi::set_member_hook<bi::link_mode<bi::normal_link>> size_hook;   // candidates by size
+  std::size_t candidate_index = no_index;                           // in candidate_set::all
+
+  static constexpr std::size_t no_index = static_cast<std::size_t>(-1);
+
+  buffer_id id;
+  buffer_state state = buffer_state::resident;
+  void* device_ptr = nullptr;      // resident / restoring
+  void* host_ptr = nullptr;        // spilling / spilled
+  std::size_t size = 0;
+  stream_ref stream;
+  bool small_pool = false;
+  std::uint32_t pins = 0;
+  std::uint64_t last_access_ns = 0;
+  node_entry* producer = nullptr;
+  std::uint32_t output_index = 0;
+  std::vector<node_entry*> consumers;  // live nodes that need it as an input (keep it alive)
+  bool user_owned = true;           // false once forgotten (kept only while consumers need it)
+  bool evictable = true;
+  eviction_mode mode = eviction_mode::automatic;
+  event_ref spill_done;             // spilling: the device-to-host copy
+  event_ref ready;                  // restoring: the host-to-device copy
+
+  // DTR's equivalence classes of evicted (dropped) buffers: union-find, never split.
+  buffer_entry* class_parent = nullptr;
+  double class_cost_ns = 0;
+};
+
+struct node_entry {
+  std::uint64_t id = 0;
+  bool alive = false;
+  lineage_node desc;
+  std::vector<buffer_entry*> inputs;      // resolved desc.inputs
+  std::vector<buffer_entry*> outputs;     // by output index; nullptr if not registered
+  std::vector<std::size_t> output_sizes;  // remembered for outputs that were forgotten
+  std::uint32_t live_outputs = 0;
+  stream_ref stream;                      // the stream of its first registered output
+  bool visiting = false;                  // on the current rematerialisation path
+};
+
+// Slot arena with generation-checked ids.
+template <class T>
+class slot_arena {
+ public:
+  T* make(std::uint64_t& id_out) {
+    std::uint32_t slot;
+    if (free_.empty()) {
+      slot = static_cast<std::uint32_t>(slots_.size());
+      slots_.push_back({std::make_unique<T>(), 1, false});
+      free_.reserve(slots_.size());
+    } else {
+      slot = free_.back();
+      free_.pop_back();
+    }
+    slots_[slot].used = true;
+    id_out = (static_cast<std::uint64_t>(slots_[slot].generation) << 32) | (slot + 1u);
+    return slots_[slot].record.get();
+  }
+  // nullptr if the id was never issued or its record was recycled.
+  T* find(std::uint64_t id) const noexcept {
+    const std::uint64_t slot = (id & 0xffffffffu) - 1;
+    if ((id & 0xffffffffu) == 0 || slot >= slots_.size()) return nullptr;
+    const entry& e = slots_[slot];
+    return e.used && e.generation == static_cast<std::uint32_t>(id >> 32) ? e.record.get() : nullptr;
+  }
+  bool stale(std::uint64_t id) const noexcept {  // issued once, recycled since
+    const std::uint64_t slot = (id & 0xffffffffu) - 1;
+    return (id & 0xffffffffu) != 0 && slot < slots_.size() &&
+           static_cast<std::uint32_t>(id >> 32) < slots_[slot].generation;
+  }
+  void recycle(std::uint64_t id) noexcept {
+    const std::uint32_t slot = static_cast<std::uint32_t>((id & 0xffffffffu) - 1);
+    entry& e = slots_[slot];
+    *e.record = T{};
+    e.used = false;
+    ++e.generation;
+    free_.push_back(slot);
+  }
+  template <class F>
+  void for_each(F&& f) {
+    for (auto& e : slots_) {
+      if (e.used) f(*e.record);
+    }
+  }
+
+ private:
+  struct entry {
+    std::unique_ptr<T> record;
+    std::uint32_t generation;
+    bool used;
+  };
+  std::vector<entry> slots_;
+  std::vector<std::uint32_t> free_;
+};
+
+struct by_size {
+  bool operator()(const buffer_entry& a, const buffer_entry& b) const noexcept {
+    return a.size != b.size ? a.size < b.size : a.id.value < b.id.value;
+  }
+};
+
+class candidate_set {
+ public:
+  using lru_list = bi::list<buffer_entry, bi::member_hook<buffer_entry, decltype(buffer_entry::lru_hook),
+                                                          &buffer_entry::lru_hook>>;
+  using size_tree = bi::set<buffer_entry, bi::member_hook<buffer_entry, decltype(buffer_entry::size_hook),
+                                                          &buffer_entry::size_hook>,
+                            bi::compare<by_size>>;
+
+  ~candidate_set() {
+    lru_.clear();
+    sizes_.clear();
+  }
+
+  bool contains(const buffer_entry& e) const noexcept { return e.candidate_index != buffer_entry::no_index; }
+
+  // Adds as the most recently used.
+  void insert(buffer_entry& e) {
+    all_.push_back(&e);  // the only step that may allocate: done first
+    e.candidate_index = all_.size() - 1;
+    lru_.push_back(e);
+    sizes_.insert(e);
+  }
+  void erase(buffer_entry& e) noexcept {
+    buffer_entry* last = all_.back();
+    all_[e.candidate_index] = last;
+    last->candidate_index = e.candidate_index;
+    all_.pop_back();
+    e.candidate_index = buffer_entry::no_index;
+    lru_.erase(lru_.iterator_to(e));
+    sizes_.erase(sizes_.iterator_to(e));
+  }
+
+  std::size_t size() const noexcept { return all_.size(); }
+  buffer_entry* at(std::size_t i) const noexcept { return all_[i]; }
+  buffer_entry* oldest() const noexcept { return lru_.empty() ? nullptr : const_cast<buffer_entry*>(&lru_.front()); }
+  buffer_entry* largest() const noexcept { return sizes_.empty() ? nullptr : const_cast<buffer_entry*>(&*sizes_.rbegin()); }
+
+ private:
+  std::vector<buffer_entry*> all_;
+  lru_list lru_;
+  size_tree sizes_;
+};
+
+}  // namespace spillway::eviction::detail
