@@ -186,15 +186,21 @@ class model_run {
     CHECK_MESSAGE(pattern_ok(p, a.requested, a.id, &bad),
                   "pattern overwritten at offset " << bad << ": another block overlaps this one");
     const std::size_t size = alloc_->describe(p).size;
-    if (a.uses.empty()) {
-      // What it coalesces into is itself plus its free neighbours.
+    {
+      // What it would coalesce into once pending frees complete: itself plus the run of free and
+      // pending-free neighbours around it.
       const memory_snapshot snap = alloc_->snapshot();
-      std::size_t expected = size;
+      std::size_t expected = 0;
       for (const segment_info& seg : snap.segments) {
         for (std::size_t i = 0; i < seg.blocks.size(); ++i) {
           if (seg.blocks[i].address != address) continue;
-          if (i > 0 && !seg.blocks[i - 1].active()) expected += seg.blocks[i - 1].size;
-          if (i + 1 < seg.blocks.size() && !seg.blocks[i + 1].active()) expected += seg.blocks[i + 1].size;
+          expected = seg.blocks[i].size;
+          for (std::size_t j = i; j > 0 && !seg.blocks[j - 1].allocated(); --j) {
+            expected += seg.blocks[j - 1].size;
+          }
+          for (std::size_t j = i + 1; j < seg.blocks.size() && !seg.blocks[j].allocated(); ++j) {
+            expected += seg.blocks[j].size;
+          }
         }
       }
       CHECK(alloc_->coalesced_size_if_freed(p) == expected);
