@@ -181,13 +181,5 @@ int run(int argc, char** argv) {
 }  // namespace spillway::bench
 
 int main(int argc, char** argv) {
-  try {
-    return spillway::bench::run(argc, argv);
-  } catch (const spillway::invalid_argument& e) {
-    std::fprintf(stderr, "%s\n(run with --help for the options)\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "spillway-alloc-bench: %s\n", e.what());
-    return 1;
-  }
+  return spillway::bench::run_tool("spillway-alloc-bench", spillway::bench::run, argc, argv);
 }

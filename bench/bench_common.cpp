@@ -387,4 +387,16 @@ json_writer& json_writer::value(bool v) {
   return *this;
 }
 
+int run_tool(const char* name, int (*body)(int, char**), int argc, char** argv) noexcept {
+  try {
+    return body(argc, argv);
+  } catch (const spillway::invalid_argument& e) {
+    std::fprintf(stderr, "%s: %s\n(run with --help for the options)\n", name, e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
+}
+
 }  // namespace spillway::bench

@@ -5,6 +5,7 @@
 //   GPU is usable and the simulated device otherwise, and says which in backend_choice::why.
 // - json_writer: a tiny streaming JSON writer for --json output (no dependency).
 // - arg_parser: --name value / --flag parsing with clear errors naming the option and the value.
+// - run_tool: every tool's main(): bad input exits 2 with the message, other failures exit 1.
 #pragma once
 
 #include <cstddef>
@@ -35,6 +36,10 @@ struct backend_choice {
 // kind: "sim", "cuda" or "auto". sim_capacity is used for the simulated device.
 // Throws spillway::invalid_argument for an unknown kind, device_error when "cuda" is not usable.
 backend_choice make_backend(const std::string& kind, int device_index, const sim_config& sim);
+
+// Runs a tool's body. spillway::invalid_argument -> "<name>: <message>" and exit code 2 (bad
+// input); any other exception -> "<name>: <message>" and exit code 1.
+int run_tool(const char* name, int (*body)(int, char**), int argc, char** argv) noexcept;
 
 class arg_parser {
  public:

@@ -167,13 +167,5 @@ int run(int argc, char** argv) {
 }  // namespace spillway::trace
 
 int main(int argc, char** argv) {
-  try {
-    return spillway::trace::run(argc, argv);
-  } catch (const spillway::invalid_argument& e) {
-    std::fprintf(stderr, "spillway-trace-synth: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "spillway-trace-synth: %s\n", e.what());
-    return 1;
-  }
+  return spillway::bench::run_tool("spillway-trace-synth", spillway::trace::run, argc, argv);
 }
