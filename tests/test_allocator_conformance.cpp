@@ -752,6 +752,30 @@ TEST_CASE_TEMPLATE("expandable: one segment per stream and pool grows in place",
   check_consistent(alloc);
 }
 
+TEST_CASE_TEMPLATE("expandable: a used-up address range is followed by another", B, SPILLWAY_ALL_BACKENDS) {
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  SKIP_WITHOUT_VMM(env);
+  const std::size_t g = env.backend->vmm_granularity();
+  allocator_config c = env.config();
+  c.expandable_segments = true;
+  c.expandable_address_range = 4 * g;
+  device_allocator alloc(env.backend, c);
+
+  void* a = alloc.allocate(3 * g);
+  void* b = alloc.allocate(2 * g);  // does not fit the 1 granule left in a's range
+  void* d = alloc.allocate(g);      // fits the granule left in a's range
+  memory_snapshot snap = alloc.snapshot();
+  CHECK(snap.segments.size() == 2);
+  CHECK(find_segment(snap, b) != find_segment(snap, a));
+  CHECK(find_segment(snap, d) == find_segment(snap, a));
+  CHECK(static_cast<char*>(d) == static_cast<char*>(a) + 3 * g);
+  check_consistent(alloc);
+  for (void* p : {a, b, d}) alloc.deallocate(p);
+  alloc.empty_cache();
+  CHECK(alloc.stats().reserved_bytes[0].current == 0);
+  CHECK(alloc.stats().segment[0].current == 0);
+}
+
 TEST_CASE_TEMPLATE("expandable: reserved grows in whole granules, only as far as needed", B, SPILLWAY_ALL_BACKENDS) {
   SPILLWAY_BACKEND_OR_SKIP(B, env);
   SKIP_WITHOUT_VMM(env);

@@ -175,18 +175,26 @@ block* device_allocator::impl::reserve_segment_locked(block_pool& pool, stream_r
 // empty segment behind, so out_of_memory changes nothing.
 block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_ref stream,
                                                       std::size_t rounded) {
+  // The (pool, stream) segment whose address range still has room for this growth; a new range
+  // when every one is used up (normally there is one per (pool, stream)).
   segment* seg = nullptr;
+  block* tail = nullptr;
+  std::size_t have = 0;
+  std::size_t grow = size_classes::round_up(rounded, granularity);
   for (segment& s : segments) {
-    if (s.expandable && s.small == pool.small() && s.stream == stream) {
+    if (!s.expandable || s.small != pool.small() || s.stream != stream) continue;
+    block* t = s.last();
+    const std::size_t free_tail = (t != nullptr && t->status == block_status::free) ? t->size : 0;
+    const std::size_t needed = size_classes::round_up(rounded - free_tail, granularity);
+    if (needed <= s.address_range - s.size) {
       seg = &s;
+      tail = t;
+      have = free_tail;
+      grow = needed;
       break;
     }
   }
-  block* tail = seg != nullptr ? seg->last() : nullptr;
-  const std::size_t have = (tail != nullptr && tail->status == block_status::free) ? tail->size : 0;
-  const std::size_t grow = size_classes::round_up(rounded - have, granularity);
   if (!fits_budget_locked(grow)) return nullptr;
-  if (seg != nullptr && grow > seg->address_range - seg->size) return nullptr;
 
   std::size_t range = 0;
   if (seg == nullptr) {

@@ -23,11 +23,13 @@ struct allocator_config {
   // on_warning, when the backend has no VMM.
   bool expandable_segments = false;
 
-  // Address space reserved for each expandable segment. 0: the device's total memory.
+  // Address space reserved for each expandable segment. 0: the device's total memory. When one
+  // range is used up, a (pool, stream) gets another.
   std::size_t expandable_address_range = 0;
 
   // Receives the message for problems that cannot be thrown: a deallocate of a pointer that is not
   // live, a destructor finding live allocations, an option that was ignored. Default: stderr.
+  // It may be called with the device lock held: it must not call back into the allocator.
   std::function<void(const std::string&)> on_warning;
 };
 
