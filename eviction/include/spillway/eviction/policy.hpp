@@ -12,8 +12,13 @@
 //   "lru"            the least recently used candidate, O(1)
 //   "largest"        the largest candidate, O(log n)
 //   "dtr-frag"       fragmentation-aware DTR: among sampled candidates, those whose release frees
-//                    a contiguous range that fits the pending request (in its pool and stream) win;
-//                    ties and the rest are ranked by DTR's h
+//                    a contiguous range that fits the pending request (in its pool and stream) win,
+//                    by DTR's h; if none fits, the one leaving the largest range (in 1/16ths of
+//                    the request, h breaking ties) wins, so evictions grow one hole; with nothing
+//                    sampled in the request's pool and stream, or request.bytes == 0, plain DTR
+//                    (policy_dtr.cpp explains why)
+// A policy object serves one engine: choose() is not thread-safe (the sampling policies advance
+// their random generator) and is called under the engine's lock.
 // See Note [Eviction policies] in docs/eviction.md.
 #pragma once
 

@@ -1,0 +1,228 @@
+// policy_dtr.cpp: "dtr" and "dtr-frag", DTR's h (dtr_score) over a sample of the candidates.
+//
+// Sampling (both). With n <= 64 candidates every one is scored. Above that, k = ceil(sqrt(n))
+// are: [0, n) is cut into k strata whose lengths differ by at most one, and one index is drawn
+// uniformly from each with the policy's std::mt19937_64. Every candidate is in the sample with
+// probability ~k/n, as with DTR's uniform sample, and the sample has no duplicates for the price
+// of one draw per stratum. The minimum h of k draws lies, on average, in the best 1/(k+1) of the
+// candidates (the best 1% at n = 10,000). dtr's choose() is one pass over the sample that keeps
+// the best so far: O(sqrt n) view calls and no allocation; dtr-frag's adds a second pass over
+// the candidates it kept (see Lookups below).
+//
+// dtr-frag: why it frees a contiguous range quickly. A request that needs `bytes` contiguous on
+// one stream and pool is not served by freeing `shortfall` bytes anywhere: DTR's best victims are
+// spread over the heap, and evicting them one by one can free far more than the request before
+// any hole is large enough. dtr-frag ranks the sample in three tiers:
+//   1. fits: on the request's stream and pool, and contiguous_if_evicted(id) >= bytes. One
+//      eviction then ends the request; among these, the smallest h (DTR) wins.
+//   2. grows the largest hole: on the request's stream and pool, none fits. The candidate whose
+//      range is the largest fraction of the request wins, in steps of 1/16 of the request, and
+//      DTR's h breaks ties within a step (so a few bytes more never buy a much costlier victim).
+//      This is what makes the next decision fit: contiguous_if_evicted counts pending-free
+//      neighbours, so after this eviction the candidates next to the new hole report the hole
+//      plus themselves and win again. Evictions concentrate on one growing hole instead of
+//      scattering, and the request is met in about bytes / (typical range) steps.
+//   3. nothing on the request's stream and pool was sampled: plain DTR over the sample. Freed
+//      bytes elsewhere still lower the shortfall, and the allocator can return a freed cached
+//      segment to the device and reserve one for the request.
+// With request.bytes == 0 (free `shortfall` bytes, no contiguity needed) it is plain DTR.
+//
+// Lookups: contiguous_if_evicted costs a lookup in the engine and the allocator (~50-80 ns, with
+// the allocator's lock), against ~9 ns to sample and score a candidate, so dtr-frag asks it only
+// where it can change the answer, and at most k_max_lookups (24) times per decision:
+//   - never for a candidate whose own size is >= bytes: its block is freed whole, so its range is
+//     at least its size, and it fits;
+//   - only for candidates whose h is below that of the best such size fit;
+//   - of those, for the 24 with the smallest h. A fit among them is then the best fit of the
+//     sample (every candidate left out has a higher h), and tier 2 compares the ranges of the 24
+//     cheapest victims. What is lost: a fit ranked below 24 cheaper non-fitting candidates.
+// So a decision costs ~1 us of sampling and scoring plus at most 24 lookups (~2 us), whatever the
+// heap looks like (bench/policy_bench.cpp measures it; the target is 5 us at 10,000 candidates).
+// The survivors of the first pass wait in a scratch vector that belongs to the policy.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "policy_makers.hpp"
+
+namespace spillway::eviction::detail {
+namespace {
+
+constexpr std::size_t k_exhaustive_limit = 64;  // score all candidates up to this many
+constexpr std::size_t k_frag_steps = 16;        // tier 2 ranks ranges in 1/16ths of the request
+constexpr std::size_t k_max_lookups = 24;       // contiguous_if_evicted calls per dtr-frag decision
+
+std::size_t ceil_sqrt(std::size_t n) noexcept {
+  auto r = static_cast<std::size_t>(std::sqrt(static_cast<double>(n)));
+  while (r * r < n) ++r;                    // the double may be one below for large n
+  while (r > 0 && (r - 1) * (r - 1) >= n) --r;
+  return r;
+}
+
+// A uniform draw in [0, bound): the high half of a 64x64-bit product (Lemire), instead of a
+// 64-bit division (tens of cycles, a large share of a decision's cost at 100 draws). The bias,
+// at most bound / 2^64, does not matter here.
+std::size_t draw_below(std::mt19937_64& rng, std::size_t bound) noexcept {
+  __extension__ using u128 = unsigned __int128;  // __extension__: no -Wpedantic warning
+  return static_cast<std::size_t>((static_cast<u128>(rng()) * bound) >> 64);
+}
+
+std::size_t sample_size(std::size_t n) noexcept {
+  return n <= k_exhaustive_limit ? n : ceil_sqrt(n);
+}
+
+// Calls visit(index) for each sampled index in [0, n), as described at the top of the file.
+template <class Visit>
+void for_each_sampled(std::size_t n, std::mt19937_64& rng, Visit&& visit) {
+  if (n <= k_exhaustive_limit) {
+    for (std::size_t i = 0; i < n; ++i) visit(i);
+    return;
+  }
+  const std::size_t k = sample_size(n);
+  const std::size_t base = n / k;   // the first n % k strata are one longer
+  const std::size_t longer = n % k;
+  std::size_t lo = 0;
+  for (std::size_t j = 0; j < k; ++j) {
+    const std::size_t length = base + (j < longer ? 1 : 0);
+    visit(lo + draw_below(rng, length));
+    lo += length;
+  }
+}
+
+// The minimum-h candidate of a sample.
+struct best_by_h {
+  std::optional<buffer_id> id;
+  double h = 0;
+
+  void offer(const candidate_info& c, double score) noexcept {
+    if (!id || score < h) {
+      id = c.id;
+      h = score;
+    }
+  }
+};
+
+class dtr_policy final : public eviction_policy {
+ public:
+  explicit dtr_policy(std::uint64_t seed) : rng_(seed) {}
+  std::string_view name() const noexcept override { return "dtr"; }
+
+  std::optional<buffer_id> choose(const candidate_view& candidates,
+                                  const eviction_request&) override {
+    best_by_h best;
+    for_each_sampled(candidates.count(), rng_, [&](std::size_t i) {
+      const candidate_info c = candidates.at(i);
+      best.offer(c, dtr_score(c));
+    });
+    return best.id;
+  }
+
+ private:
+  std::mt19937_64 rng_;
+};
+
+class dtr_frag_policy final : public eviction_policy {
+ public:
+  explicit dtr_frag_policy(std::uint64_t seed) : rng_(seed) { scratch_.reserve(256); }
+  std::string_view name() const noexcept override { return "dtr-frag"; }
+
+  std::optional<buffer_id> choose(const candidate_view& candidates,
+                                  const eviction_request& request) override {
+    const std::size_t bytes = request.bytes;
+    const std::size_t n = candidates.count();
+    // Within the capacity reserved up front (samples of up to 256: n <= 65,536) this allocates
+    // nothing; a larger sample grows it once.
+    if (scratch_.size() < sample_size(n)) scratch_.resize(sample_size(n));
+    // Pass 1, no lookups: DTR over the whole sample (tier 3), the best candidate that fits by its
+    // own size (tier 1), and the other candidates in the request's stream and pool, kept in
+    // scratch_[0, kept). Branch-free after any.offer: which candidates match is random, and the
+    // mispredicted branches cost more than the work (about half of a decision, measured).
+    best_by_h any;
+    best_by_h fit;
+    bool matched = false;
+    std::size_t kept = 0;
+    for_each_sampled(n, rng_, [&](std::size_t i) {
+      const candidate_info c = candidates.at(i);
+      const double h = dtr_score(c);
+      any.offer(c, h);
+      const bool in_place = (bytes != 0) & (c.stream == request.stream) & (c.small_pool == request.small_pool);
+      const bool by_size = in_place & (c.size >= bytes);
+      const bool better = by_size & (!fit.id.has_value() | (h < fit.h));
+      fit.h = better ? h : fit.h;
+      if (better) fit.id = c.id;
+      scratch_[kept] = entry{h, c.id};
+      kept += static_cast<std::size_t>(in_place & !by_size);
+      matched |= in_place;
+    });
+    if (!matched) return any.id;
+
+    // Pass 2: ranges, for the (at most k_max_lookups) lowest-h candidates that could beat `fit`,
+    // moved to the front without branches first.
+    if (fit.id) {
+      std::size_t cheaper = 0;
+      for (std::size_t r = 0; r < kept; ++r) {
+        const entry e = scratch_[r];
+        scratch_[cheaper] = e;
+        cheaper += static_cast<std::size_t>(e.h < fit.h);
+      }
+      kept = cheaper;
+    }
+    auto end = scratch_.begin() + static_cast<std::ptrdiff_t>(kept);
+    if (kept > k_max_lookups) {
+      const auto eligible_end = end;
+      end = scratch_.begin() + k_max_lookups;
+      std::nth_element(scratch_.begin(), end - 1, eligible_end,
+                       [](const entry& a, const entry& b) { return a.h < b.h; });
+    }
+    std::optional<buffer_id> grow;  // tier 2: the highest step, then the smallest h
+    std::size_t grow_step = 0;
+    double grow_h = 0;
+    const double steps_per_byte = static_cast<double>(k_frag_steps) / static_cast<double>(bytes);
+    for (auto e = scratch_.begin(); e != end; ++e) {
+      if (fit.id && e->h >= fit.h) continue;  // cannot beat the fit we have: skip the lookup
+      const std::size_t range = candidates.contiguous_if_evicted(e->id);
+      if (range >= bytes) {
+        fit.id = e->id;
+        fit.h = e->h;
+        continue;
+      }
+      if (fit.id) continue;  // tier 2 no longer matters
+      // range < bytes: the step is below k_frag_steps (min() guards the double's rounding).
+      const std::size_t step = std::min(
+          k_frag_steps - 1, static_cast<std::size_t>(static_cast<double>(range) * steps_per_byte));
+      if (!grow || step > grow_step || (step == grow_step && e->h < grow_h)) {
+        grow = e->id;
+        grow_step = step;
+        grow_h = e->h;
+      }
+    }
+    if (fit.id) return fit.id;
+    if (grow) return grow;
+    return any.id;  // every matching candidate was left out of pass 2: cannot happen, but safe
+  }
+
+ private:
+  struct entry {
+    double h;
+    buffer_id id;
+  };
+
+  std::mt19937_64 rng_;
+  std::vector<entry> scratch_;  // pass 1's survivors; as large as the largest sample so far
+};
+
+}  // namespace
+
+std::unique_ptr<eviction_policy> make_dtr_policy(std::uint64_t seed) {
+  return std::make_unique<dtr_policy>(seed);
+}
+
+std::unique_ptr<eviction_policy> make_dtr_frag_policy(std::uint64_t seed) {
+  return std::make_unique<dtr_frag_policy>(seed);
+}
+
+}  // namespace spillway::eviction::detail
