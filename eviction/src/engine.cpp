@@ -224,6 +224,8 @@ buffer_id eviction_engine::register_buffer(void* ptr, std::size_t size, stream_r
   e->last_access_ns = m.now();
   try {
     if (producer != nullptr) m.attach_output_locked(*e, *producer, options.output_index);
+    // Used on another stream than the one it was allocated on: its free waits for that stream.
+    if (info.stream != stream) m.allocator.record_stream(ptr, stream);
     m.by_pointer.emplace(ptr, e);
     m.update_candidacy_locked(*e);
   } catch (...) {
@@ -293,7 +295,7 @@ pinned_buffer eviction_engine::pin(buffer_id id, stream_ref use) {
   m.make_resident_locked(e, 0);
   m.pin_locked(e);
   try {
-    if (use != e.stream) m.order_after_locked(use, e.stream);
+    m.use_on_stream_locked(e, use);
   } catch (...) {
     m.unpin_locked(e);
     throw;

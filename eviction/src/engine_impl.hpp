@@ -69,14 +69,17 @@ struct eviction_engine::impl {
   void reap_in_flight_locked();
   void discard_host_copy_locked(detail::buffer_entry& e) noexcept;
   void order_after_locked(stream_ref waiter, stream_ref producer);
+  void use_on_stream_locked(detail::buffer_entry& e, stream_ref s);
 
   // --- engine_recompute.cpp ------------------------------------------------------------------------
   void make_resident_locked(detail::buffer_entry& e, std::size_t depth);
+  std::vector<detail::node_entry*> plan_recompute_locked(detail::node_entry& top, std::size_t depth);
+  void rematerialise_locked(detail::node_entry& top, std::size_t depth);
   bool can_drop_locked(const detail::buffer_entry& e) const noexcept;
   void drop_locked(detail::buffer_entry& e) noexcept;
   void recompute_locked(detail::node_entry& n, std::size_t depth);
   double neighbourhood_cost_locked(const detail::buffer_entry& e) const;
-  static detail::buffer_entry* class_root(detail::buffer_entry* e) noexcept;
+  static std::shared_ptr<detail::dtr_class> class_root(const std::shared_ptr<detail::dtr_class>& c) noexcept;
 
   // --- engine_pressure.cpp -------------------------------------------------------------------------
   pressure_result on_pressure(const pressure_request& request);

@@ -1,10 +1,18 @@
 // engine_recompute.cpp: dropping buffers and rematerialising them from lineage.
 //
-// Rematerialisation is recursive: a node's dropped inputs are rematerialised first and stay pinned
-// while it runs; every output of the node comes back at once. A node already on the current path
-// means a cycle; a path deeper than engine_config::max_recompute_depth means runaway recursion.
-// Both are reported with the path, and leave every buffer as it was.
+// Rematerialisation: plan_recompute_locked lists the nodes to run — the producer of the buffer
+// asked for and, transitively, the producers of dropped inputs — producers before consumers, and
+// rematerialise_locked runs them one after another, so a deep lineage costs no stack. Each node's
+// inputs are resident and pinned while it runs; an output that a later node of the plan reads
+// stays pinned until that node has run; every output of a node comes back at once. A node already
+// on the current path means a cycle; a path deeper than engine_config::max_recompute_depth means
+// runaway recursion. The plan finds both before anything is restored or allocated, and reports
+// them with the nodes on the path; nothing has changed then. (Evictions made while the plan runs
+// can drop an input that the plan saw resident: recompute_locked then rematerialises it first,
+// with a plan of its own, one level deeper.)
 #include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "engine_impl.hpp"
 
@@ -28,8 +36,122 @@ void eviction_engine::impl::make_resident_locked(buffer_entry& e, std::size_t de
         throw std::logic_error("spillway: " + describe_id(e.id) +
                                " was dropped but has no lineage to recompute it from");
       }
-      recompute_locked(*e.producer, depth);
+      rematerialise_locked(*e.producer, depth);
       return;
+  }
+}
+
+// The nodes to run to rematerialise `top`'s outputs, producers first and `top` last: a depth-first
+// walk over the producers of dropped inputs that changes nothing and throws what running it
+// would meet: a cycle, a path deeper than max_recompute_depth (counting `depth` levels above
+// `top`), a dropped buffer without lineage. Iterative; each node is listed once.
+std::vector<node_entry*> eviction_engine::impl::plan_recompute_locked(node_entry& top,
+                                                                    std::size_t depth) {
+  struct frame {
+    node_entry* n;
+    std::size_t next_input;
+  };
+  std::vector<frame> path;
+  struct clear_marks {  // `visiting` marks the nodes on the path, however the walk ends
+    std::vector<frame>& path;
+    ~clear_marks() {
+      for (frame& f : path) f.n->visiting = false;
+    }
+  } clear{path};
+  std::vector<node_entry*> plan;
+  std::unordered_set<const node_entry*> done;
+  const auto push = [&](node_entry& n) {
+    if (n.visiting) {  // on the path (or running: the walk started inside its recompute)
+      std::string cycle;
+      bool on_cycle = false;
+      for (const frame& g : path) {
+        on_cycle = on_cycle || g.n == &n;
+        if (on_cycle) cycle += "'" + g.n->desc.name + "' -> ";
+      }
+      throw std::logic_error("spillway: lineage cycle: rematerialising node '" + top.desc.name +
+                             "' needs one of its own outputs: " + cycle + "'" + n.desc.name + "'");
+    }
+    if (depth + path.size() >= config.max_recompute_depth) {
+      throw std::logic_error("spillway: rematerialising node '" + top.desc.name + "' needs over " +
+                             std::to_string(config.max_recompute_depth) +
+                             " levels of lineage (max_recompute_depth " +
+                             std::to_string(config.max_recompute_depth) + "), down to node '" +
+                             n.desc.name + "' (runaway recursion?)");
+    }
+    path.push_back({&n, 0});
+    n.visiting = true;
+  };
+  push(top);
+  while (!path.empty()) {
+    frame& f = path.back();
+    if (f.next_input == f.n->inputs.size()) {
+      f.n->visiting = false;
+      done.insert(f.n);
+      plan.push_back(f.n);
+      path.pop_back();
+      continue;
+    }
+    const buffer_entry& in = *f.n->inputs[f.next_input++];
+    if (in.state != buffer_state::dropped) continue;
+    node_entry* p = in.producer;
+    if (p == nullptr) {
+      throw std::logic_error("spillway: " + describe_id(in.id) +
+                             " was dropped but has no lineage to recompute it from");
+    }
+    if (done.count(p) == 0) push(*p);  // `f` is not used after this
+  }
+  return plan;
+}
+
+// Runs the plan for `top`. A node whose outputs are no longer dropped (an earlier node of the
+// plan made them, or they were never needed by it) is skipped.
+void eviction_engine::impl::rematerialise_locked(node_entry& top, std::size_t depth) {
+  const std::vector<node_entry*> plan = plan_recompute_locked(top, depth);
+  std::unordered_map<const node_entry*, std::size_t> position;
+  for (std::size_t i = 0; i < plan.size(); ++i) position.emplace(plan[i], i);
+
+  struct held_output {
+    buffer_entry* e;
+    std::size_t until;  // the position of the last node of the plan that reads it
+  };
+  std::vector<held_output> held;
+  struct unpin_held {
+    impl& m;
+    std::vector<held_output>& list;
+    ~unpin_held() {
+      for (held_output& h : list) m.unpin_locked(*h.e);
+    }
+  } unpin{*this, held};
+
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    node_entry& n = *plan[i];
+    const bool needed = std::any_of(n.outputs.begin(), n.outputs.end(), [](const buffer_entry* o) {
+      return o != nullptr && o->state == buffer_state::dropped;
+    });
+    if (needed) {
+      recompute_locked(n, depth);
+      for (buffer_entry* out : n.outputs) {
+        if (out == nullptr) continue;
+        std::size_t until = i;
+        for (const node_entry* c : out->consumers) {
+          const auto it = position.find(c);
+          if (it != position.end() && it->second > until) until = it->second;
+        }
+        if (until == i) continue;
+        held.reserve(held.size() + 1);
+        pin_locked(*out);
+        held.push_back({out, until});
+      }
+    }
+    for (std::size_t k = 0; k < held.size();) {  // outputs that no later node reads
+      if (held[k].until == i) {
+        unpin_locked(*held[k].e);
+        held[k] = held.back();
+        held.pop_back();
+      } else {
+        ++k;
+      }
+    }
   }
 }
 
@@ -40,23 +162,28 @@ bool eviction_engine::impl::can_drop_locked(const buffer_entry& e) const noexcep
 // Frees the device block; the buffer will be recomputed. Stream order on e.stream makes reuse safe.
 void eviction_engine::impl::drop_locked(buffer_entry& e) noexcept {
   by_pointer.erase(e.device_ptr);
-  allocator.deallocate(e.device_ptr);
+  allocator.deallocate(e.device_ptr);  // after the work of its use streams (record_stream)
   e.device_ptr = nullptr;
+  e.use_streams.clear();
   e.state = buffer_state::dropped;
   ++stats.drops;
 
   // DTR's e*: the dropped buffer joins the equivalence classes of dropped neighbours.
-  if (e.class_parent == nullptr) {  // first drop; a class, once joined, is never split
-    e.class_parent = &e;
-    e.class_cost_ns = e.producer != nullptr ? e.producer->desc.cost_ns : 0;
+  if (e.dtr == nullptr) {  // first drop; a class, once joined, is never split
+    try {
+      e.dtr = std::make_shared<detail::dtr_class>();
+    } catch (...) {
+      return;  // no memory for the record: the estimate leaves this buffer out
+    }
+    e.dtr->cost_ns = e.producer != nullptr ? e.producer->desc.cost_ns : 0;
   }
   const auto join = [&](buffer_entry* n) {
-    if (n == nullptr || n->state != buffer_state::dropped || n->class_parent == nullptr) return;
-    buffer_entry* a = class_root(&e);
-    buffer_entry* b = class_root(n);
+    if (n == nullptr || n->state != buffer_state::dropped || n->dtr == nullptr) return;
+    const std::shared_ptr<detail::dtr_class> a = class_root(e.dtr);
+    const std::shared_ptr<detail::dtr_class> b = class_root(n->dtr);
     if (a == b) return;
-    b->class_parent = a;
-    a->class_cost_ns += b->class_cost_ns;
+    b->parent = a;
+    a->cost_ns += b->cost_ns;
   };
   if (e.producer != nullptr) {
     for (buffer_entry* in : e.producer->inputs) join(in);
@@ -66,28 +193,30 @@ void eviction_engine::impl::drop_locked(buffer_entry& e) noexcept {
   }
 }
 
-buffer_entry* eviction_engine::impl::class_root(buffer_entry* e) noexcept {
-  while (e->class_parent != e) {
-    e->class_parent = e->class_parent->class_parent;  // path halving
-    e = e->class_parent;
+std::shared_ptr<detail::dtr_class> eviction_engine::impl::class_root(
+    const std::shared_ptr<detail::dtr_class>& c) noexcept {
+  std::shared_ptr<detail::dtr_class> x = c;
+  while (x->parent != nullptr) {
+    if (x->parent->parent != nullptr) x->parent = x->parent->parent;  // path halving
+    x = x->parent;
   }
-  return e;
+  return x;
 }
 
 // The summed cost of the distinct dropped classes next to e: its producer's inputs and the
 // outputs of the nodes that consume it.
 double eviction_engine::impl::neighbourhood_cost_locked(const buffer_entry& e) const {
-  buffer_entry* seen[8];
+  const detail::dtr_class* seen[8];
   std::size_t n_seen = 0;
   double cost = 0;
   const auto add = [&](buffer_entry* n) {
-    if (n == nullptr || n->state != buffer_state::dropped || n->class_parent == nullptr) return;
-    buffer_entry* root = class_root(n);
+    if (n == nullptr || n->state != buffer_state::dropped || n->dtr == nullptr) return;
+    const std::shared_ptr<detail::dtr_class> root = class_root(n->dtr);
     for (std::size_t i = 0; i < n_seen; ++i) {
-      if (seen[i] == root) return;
+      if (seen[i] == root.get()) return;
     }
-    if (n_seen < 8) seen[n_seen++] = root;
-    cost += root->class_cost_ns;
+    if (n_seen < 8) seen[n_seen++] = root.get();
+    cost += root->cost_ns;
   };
   if (e.producer != nullptr) {
     for (buffer_entry* in : e.producer->inputs) add(in);
@@ -135,7 +264,10 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
     make_resident_locked(*in, depth + 1);
     pin_locked(*in);
     pinned.push_back(in);
-    if (in->stream != n.stream) order_after_locked(n.stream, in->stream);
+    if (in->stream != n.stream) {  // n reads it on n.stream: its block waits for that, too
+      order_after_locked(n.stream, in->stream);
+      allocator.record_stream(in->device_ptr, n.stream);
+    }
     input_ptrs.push_back(in->device_ptr);
   }
 
@@ -200,7 +332,10 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
     discard_host_copy_locked(*out);  // a spilled output's host copy is no longer needed
     out->device_ptr = output_ptrs[k];
     by_pointer.emplace(out->device_ptr, out);
-    if (out->stream != n.stream) order_after_locked(out->stream, n.stream);
+    if (out->stream != n.stream) {  // made on n.stream, used on out->stream from now on
+      order_after_locked(out->stream, n.stream);
+      allocator.record_stream(out->device_ptr, out->stream);
+    }
     out->state = buffer_state::resident;
     stats.bytes_recomputed += out->size;
   }

@@ -6,6 +6,8 @@
 //            it only after S (no device synchronisation).
 //   restore  new block on the buffer's stream; h2d stream waits S -> copy to device -> event R on
 //            h2d; the buffer's stream waits R; the host block returns to the pool after R.
+#include <algorithm>
+
 #include "engine_impl.hpp"
 
 namespace spillway::eviction {
@@ -50,6 +52,7 @@ bool eviction_engine::impl::spill_locked(buffer_entry& e) {
   event_ref done{};
   try {
     order_after_locked(d2h_stream, e.stream);  // the copy reads what e.stream wrote
+    for (stream_ref s : e.use_streams) order_after_locked(d2h_stream, s);  // and pin(id, use)
     backend.copy_async(host_block, e.device_ptr, e.size, copy_kind::device_to_host, d2h_stream);
     done = take_event_locked();
     backend.record_event(done, d2h_stream);
@@ -69,6 +72,7 @@ bool eviction_engine::impl::spill_locked(buffer_entry& e) {
   by_pointer.erase(e.device_ptr);
   allocator.deallocate(e.device_ptr);  // deferred until `done`: see Note [Cross-stream frees]
   e.device_ptr = nullptr;
+  e.use_streams.clear();
   e.host_ptr = host_block;
   e.spill_done = done;
   e.state = buffer_state::spilling;
@@ -81,14 +85,10 @@ bool eviction_engine::impl::spill_locked(buffer_entry& e) {
 
 // Makes a spilled (or spilling) buffer resident again, in stream order on its stream.
 void eviction_engine::impl::restore_locked(buffer_entry& e) {
+  // The allocation may call the pressure handler back on this thread, whose reap moves e from
+  // spilling to spilled if its copy has completed: e keeps its state until the block is there.
+  void* block = allocate_locked(e.size, e.stream);
   e.state = buffer_state::restoring;  // not a candidate while its new block is being filled
-  void* block = nullptr;
-  try {
-    block = allocate_locked(e.size, e.stream);
-  } catch (...) {
-    e.state = e.spill_done.value != 0 ? buffer_state::spilling : buffer_state::spilled;
-    throw;
-  }
   event_ref ready{};
   try {
     if (e.spill_done.value != 0) backend.stream_wait_event(h2d_stream, e.spill_done);
@@ -135,6 +135,17 @@ void eviction_engine::impl::restore_locked(buffer_entry& e) {
   in_flight.push_back(&e);
   ++stats.restores;
   stats.bytes_restored += e.size;
+}
+
+// `s` uses e's block from now on, besides e.stream: it waits for e.stream's work, the block is not
+// reused before the work queued on `s` has run (record_stream), and a spill copies only after it.
+void eviction_engine::impl::use_on_stream_locked(buffer_entry& e, stream_ref s) {
+  if (s == e.stream) return;
+  order_after_locked(s, e.stream);
+  allocator.record_stream(e.device_ptr, s);
+  if (std::find(e.use_streams.begin(), e.use_streams.end(), s) == e.use_streams.end()) {
+    e.use_streams.push_back(s);
+  }
 }
 
 // Moves buffers whose copies have completed on: spilling -> spilled, restoring -> resident.

@@ -3,7 +3,8 @@
 //
 // - Records live in slot arenas; an id is (slot index + 1) | generation << 32, so an id used after
 //   forget() is recognised as stale. Making and recycling records never touches the heap once the
-//   arena has grown to the working set.
+//   arena has grown to the working set (DTR's class records, made at a buffer's first drop, are
+//   the exception).
 // - candidate_set holds the eviction candidates (resident, unpinned, evictable) three ways, all
 //   intrusive: a vector for O(1) random access (sampling), an LRU list, and a size-ordered tree.
 //   See Note [Eviction state machine] in docs/eviction.md.
@@ -25,6 +26,14 @@ namespace bi = boost::intrusive;
 
 struct node_entry;
 
+// One node of DTR's union-find of dropped buffers (Note [Eviction policies]). Shared between the
+// members that point at it, so a member that is forgotten and recycled leaves its class, and the
+// other members' paths to the root, intact.
+struct dtr_class {
+  std::shared_ptr<dtr_class> parent;  // nullptr at the root
+  double cost_ns = 0;                 // at the root: the summed recompute cost of the class
+};
+
 struct buffer_entry {
   bi::list_member_hook<bi::link_mode<bi::normal_link>> lru_hook;   // candidates, oldest first
   bi::set_member_hook<bi::link_mode<bi::normal_link>> size_hook;   // candidates by size
@@ -38,6 +47,7 @@ struct buffer_entry {
   void* host_ptr = nullptr;        // spilling / spilled
   std::size_t size = 0;
   stream_ref stream;
+  std::vector<stream_ref> use_streams;  // other streams that use the current block (pin(id, use))
   bool small_pool = false;
   std::uint32_t pins = 0;
   std::uint64_t last_access_ns = 0;
@@ -50,9 +60,9 @@ struct buffer_entry {
   event_ref spill_done;             // spilling: the device-to-host copy
   event_ref ready;                  // restoring: the host-to-device copy
 
-  // DTR's equivalence classes of evicted (dropped) buffers: union-find, never split.
-  buffer_entry* class_parent = nullptr;
-  double class_cost_ns = 0;
+  // DTR's equivalence classes of evicted (dropped) buffers: union-find, never split. nullptr
+  // until the first drop.
+  std::shared_ptr<dtr_class> dtr;
 };
 
 struct node_entry {
