@@ -1,0 +1,441 @@
+// test_engine_spill: spilling to pinned host memory and restoring, in stream order, and what the
+// engine does when host memory, copies or device reservations fail.
+//
+// It proves (Note [Spill and restore stream order]): a spilled block is not handed out again while
+// the device-to-host copy that reads it waits behind a held stream, and once it is, the restore
+// still brings back the original bytes; a pin while the spill's copy is in flight waits for it,
+// also when the restore has to evict another buffer to fit; prefetch starts a restore; work queued
+// on the stream given to pin(id, use), or on a stream the buffer was registered on that is not its
+// allocation's, keeps the block from reuse and is seen by a later spill; without pinned host memory
+// (an injected failure, or a tiny host pool) a buffer with lineage is dropped instead and one
+// without is skipped for another victim, never losing data; a copy fault leaves the buffer
+// resident and intact; a failed copy back or device reservation during a restore surfaces from pin
+// (device_error, out_of_memory) with the buffer still spilled and pinnable later.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "engine_fixture.hpp"
+
+using namespace spillway;
+using namespace spillway::test;
+
+namespace {
+
+void spill_and_wait(engine_env& env, buffer_id id) {
+  REQUIRE(env.eng().evict(id, eviction_mode::spill));
+  env.sim->run_until_idle();
+  REQUIRE(env.eng().state(id) == buffer_state::spilled);
+}
+
+}  // namespace
+
+TEST_CASE("a spilled block is not reused while its copy waits behind the buffer's stream") {
+  engine_env env;
+  lineage_graph g(env);
+  const stream_ref s = env.stream();
+  const buffer_id a = g.source(64 * KiB, s);
+  env.sim->run_until_idle();
+  void* const old = env.eng().pin(a).get();
+
+  env.sim->hold(s);  // the copy waits for everything queued on s before it: now, forever
+  REQUIRE(env.eng().evict(a, eviction_mode::spill));
+  CHECK(env.eng().state(a) == buffer_state::spilling);
+  std::vector<void*> taken;
+  for (int i = 0; i < 64; ++i) {
+    for (stream_ref on : {s, stream_ref{}}) {
+      void* p = env.alloc->allocate(64 * KiB, on);
+      CHECK(p != old);
+      std::memset(p, 0xAB, 64 * KiB);  // no queued work touches these blocks: host writes are safe
+      taken.push_back(p);
+    }
+  }
+  CHECK(env.eng().state(a) == buffer_state::spilling);
+  for (void* p : taken) env.alloc->deallocate(p);
+
+  env.sim->release(s);
+  env.sim->run_until_idle();
+  CHECK(env.eng().state(a) == buffer_state::spilled);
+  // Now the block is free again (once a slow-path allocation reaps the copy's event), and
+  // overwriting it changes nothing for a.
+  env.alloc->deallocate(env.alloc->allocate(4 * MiB, s));
+  bool reused = false;
+  taken.clear();
+  for (int i = 0; i < 256 && !reused; ++i) {
+    void* p = env.alloc->allocate(64 * KiB, s);
+    reused = p == old;
+    env.sim->launch(s, 100, [p] { std::memset(p, 0xCD, 64 * KiB); });
+    taken.push_back(p);
+  }
+  CHECK(reused);
+  for (void* p : taken) env.alloc->deallocate(p);
+  g.expect(a);
+  env.sim->run_until_idle();
+  env.check_clean();
+  CHECK(env.log.checks() == 1);
+}
+
+TEST_CASE("a pin while the spill's copy is in flight waits for it") {
+  engine_options o;
+  o.d2h_bandwidth = 1e6;  // 64 KiB take 65 ms of simulated time
+  engine_env env(o);
+  lineage_graph g(env);
+  const stream_ref s = env.stream();
+  const buffer_id a = g.source(64 * KiB, s);
+  const buffer_id b = g.source(64 * KiB, s);
+  env.sim->run_until_idle();
+
+  SUBCASE("copy in flight") {
+    REQUIRE(env.eng().evict(a, eviction_mode::spill));
+    env.sim->advance(1000);
+    REQUIRE(env.eng().state(a) == buffer_state::spilling);
+  }
+  SUBCASE("copy not started: the buffer's stream is held") {
+    env.sim->hold(s);
+    REQUIRE(env.eng().evict(a, eviction_mode::spill));
+    env.sim->launch(s, 100);
+    env.sim->release(s);
+    REQUIRE(env.eng().state(a) == buffer_state::spilling);
+  }
+  {
+    pinned_buffer p = env.eng().pin(a);
+    CHECK(env.eng().state(a) == buffer_state::restoring);
+    g.check_kernel(a, p.get(), s);
+  }
+  // prefetch of a spilling buffer also waits.
+  REQUIRE(env.eng().evict(b, eviction_mode::spill));
+  env.eng().prefetch(b);
+  CHECK(env.eng().state(b) == buffer_state::restoring);
+  env.sim->run_until_idle();
+  CHECK(env.eng().state(a) == buffer_state::resident);
+  CHECK(env.eng().state(b) == buffer_state::resident);
+  g.expect(b);
+  env.sim->run_until_idle();
+  CHECK(env.log.checks() == 2);
+  env.check_clean();
+}
+
+TEST_CASE("a pin while spilling, whose restore must evict another buffer to fit") {
+  // 2 MiB of budget, one stream: a 4 KiB source z, three 500 KiB outputs of it (cheap to drop)
+  // and a 500 KiB source a. With s held, a's spill cannot complete, so its restore needs the
+  // engine, called back on the pinning thread, to drop one of the others.
+  engine_options o;
+  o.budget = 2 * MiB;
+  engine_env env(o);
+  lineage_graph g(env);
+  const stream_ref s = env.stream();
+  const buffer_id z = g.source(4 * KiB, s);
+  std::vector<buffer_id> outs;
+  for (int i = 0; i < 3; ++i) outs.push_back(g.node({z}, {500 * KiB}, s, 100)[0]);
+  const buffer_id a = g.source(500 * KiB, s);
+  env.sim->run_until_idle();
+  REQUIRE(env.eng().stats().evictions == 0);
+
+  env.sim->hold(s);
+  REQUIRE(env.eng().evict(a, eviction_mode::spill));
+  REQUIRE(env.eng().state(a) == buffer_state::spilling);
+  {
+    pinned_buffer p = env.eng().pin(a);
+    CHECK(env.eng().state(a) == buffer_state::restoring);
+    CHECK(env.eng().stats().drops >= 1);
+    g.check_kernel(a, p.get(), s);
+  }
+  env.sim->release(s);
+  env.sim->run_until_idle();
+  CHECK(env.eng().state(a) == buffer_state::resident);
+  for (buffer_id id : outs) g.expect(id);
+  g.expect(z);
+  env.sim->run_until_idle();
+  env.check_clean();
+}
+
+TEST_CASE("prefetch restores a spilled buffer ahead of its pin") {
+  engine_env env;
+  lineage_graph g(env);
+  const buffer_id a = g.source(32 * KiB);
+  env.sim->run_until_idle();
+  spill_and_wait(env, a);
+  const auto restores = env.eng().stats().restores;
+  env.eng().prefetch(a);
+  CHECK(env.eng().state(a) == buffer_state::restoring);
+  CHECK(env.eng().stats().restores == restores + 1);
+  env.sim->run_until_idle();
+  CHECK(env.eng().state(a) == buffer_state::resident);
+  env.eng().prefetch(a);  // resident: nothing to do
+  CHECK(env.eng().stats().restores == restores + 1);
+  g.expect(a);
+  env.sim->run_until_idle();
+  env.check_clean();
+}
+
+TEST_CASE("pin(id, use): work on `use` keeps the block, and a spill copies what it wrote") {
+  engine_options o;
+  o.streams = 2;
+  engine_env env(o);
+  lineage_graph g(env);
+  const stream_ref s = env.stream(0);
+  const stream_ref use = env.stream(1);
+  const buffer_id x = g.source(64 * KiB, s);
+  const buffer_id y = g.node({x}, {64 * KiB}, s)[0];
+  env.sim->run_until_idle();
+
+  SUBCASE("a read on `use` outlives the pin; the buffer is then dropped") {
+    void* ptr = nullptr;
+    env.sim->hold(use);
+    {
+      pinned_buffer p = env.eng().pin(y, use);
+      ptr = p.get();
+      g.check_kernel(y, ptr, use, "the read on `use`");
+    }
+    REQUIRE(env.eng().evict(y, eviction_mode::drop));
+    std::vector<void*> taken;
+    for (int i = 0; i < 16; ++i) {
+      void* p = env.alloc->allocate(64 * KiB, s);
+      CHECK(p != ptr);
+      env.sim->launch(s, 100, [p] { std::memset(p, 0xEE, 64 * KiB); });
+      taken.push_back(p);
+    }
+    env.sim->run_until_idle();
+    env.sim->release(use);
+    env.sim->run_until_idle();
+    for (void* p : taken) env.alloc->deallocate(p);
+  }
+  SUBCASE("a read on `use` outlives the pin; the buffer is then spilled") {
+    void* ptr = nullptr;
+    env.sim->hold(use);
+    {
+      pinned_buffer p = env.eng().pin(x, use);
+      ptr = p.get();
+      g.check_kernel(x, ptr, use, "the read on `use`");
+    }
+    REQUIRE(env.eng().evict(x, eviction_mode::spill));
+    env.sim->run_until_idle();
+    std::vector<void*> taken;
+    for (int i = 0; i < 16; ++i) {
+      void* p = env.alloc->allocate(64 * KiB, s);
+      CHECK(p != ptr);
+      env.sim->launch(s, 100, [p] { std::memset(p, 0xEE, 64 * KiB); });
+      taken.push_back(p);
+    }
+    env.sim->run_until_idle();
+    env.sim->release(use);
+    env.sim->run_until_idle();
+    for (void* p : taken) env.alloc->deallocate(p);
+  }
+  SUBCASE("a write on `use` while pinned is what the spill saves") {
+    std::vector<std::uint64_t> updated(64 * KiB / 8);
+    for (std::size_t w = 0; w < updated.size(); ++w) updated[w] = mix_word(4711, 0, w);
+    env.sim->hold(use);
+    {
+      pinned_buffer p = env.eng().pin(x, use);
+      void* ptr = p.get();
+      // A long kernel: it completes (and writes) well after a copy that would not wait for it.
+      env.sim->launch(use, 1'000'000, [ptr, &updated] { std::memcpy(ptr, updated.data(), 64 * KiB); });
+    }
+    REQUIRE(env.eng().evict(x, eviction_mode::spill));
+    env.sim->launch(s, 100);
+    env.sim->release(use);
+    env.sim->run_until_idle();
+    REQUIRE(env.eng().state(x) == buffer_state::spilled);
+    pinned_buffer p = env.eng().pin(x);
+    env.sim->synchronize_stream(s);
+    CHECK(checksum(p.get(), 64 * KiB) == checksum(updated.data(), 64 * KiB));
+    return;  // x's bytes are no longer its golden ones
+  }
+  g.expect(x);
+  g.expect(y);
+  env.sim->run_until_idle();
+  env.check_clean();
+}
+
+TEST_CASE("a buffer registered on another stream than its allocation's: that stream's work keeps the block") {
+  engine_options o;
+  o.streams = 2;
+  engine_env env(o);
+  const stream_ref home = env.stream(0);  // where the block was allocated
+  const stream_ref s = env.stream(1);     // where the buffer is used
+  lineage_graph g(env);
+  const buffer_id z = g.source(8 * KiB, s);
+  env.sim->run_until_idle();
+  // y = f(z) computed on s into a block allocated on `home`, registered as used on s.
+  auto runs = std::make_shared<std::atomic<std::uint64_t>>(0);
+  lineage_node n;
+  n.name = "f";
+  n.inputs = {z};
+  n.compute = g.kernel("f", 9, {z}, {8 * KiB}, runs);
+  const node_id f = env.eng().add_node(n);
+  void* ptr = env.alloc->allocate(8 * KiB, home);
+  {
+    pinned_buffer in = env.eng().pin(z);
+    void* ins[] = {in.get()};
+    void* outs[] = {ptr};
+    n.compute(ins, outs, s);
+  }
+  const buffer_id y = env.eng().register_buffer(ptr, 8 * KiB, s, {.producer = f});
+  env.sim->run_until_idle();
+  auto expected = std::make_shared<std::vector<unsigned char>>(static_cast<unsigned char*>(ptr),
+                                                               static_cast<unsigned char*>(ptr) + 8 * KiB);
+  env.sim->hold(s);
+  env.sim->launch(s, 100, [ptr, expected, log = env.log] {  // a read of y on s, held back
+    if (std::memcmp(ptr, expected->data(), expected->size()) != 0) log.fail("the read on s");
+  });
+  REQUIRE(env.eng().evict(y, eviction_mode::drop));
+  std::vector<void*> taken;
+  for (int i = 0; i < 16; ++i) {
+    void* p = env.alloc->allocate(8 * KiB, home);
+    CHECK(p != ptr);  // s has not run its read of ptr yet
+    env.sim->launch(home, 100, [p] { std::memset(p, 0xEE, 8 * KiB); });
+    taken.push_back(p);
+  }
+  env.sim->run_until_idle();
+  env.sim->release(s);
+  env.sim->run_until_idle();
+  for (void* p : taken) env.alloc->deallocate(p);
+  pinned_buffer back = env.eng().pin(y);
+  env.sim->synchronize_stream(s);
+  CHECK(std::memcmp(back.get(), expected->data(), expected->size()) == 0);
+  back.reset();
+  env.check_clean();
+}
+
+TEST_CASE("no pinned host memory: drop where lineage exists, another victim otherwise") {
+  SUBCASE("an injected pinned allocation failure") {
+    engine_env env;
+    lineage_graph g(env);
+    const buffer_id src = g.source(16 * KiB);
+    const buffer_id y = g.node({src}, {16 * KiB}, {}, 1e9)[0];  // costly: the cost model spills
+    env.sim->run_until_idle();
+
+    env.sim->fail_nth(fault_site::pinned_host_allocation, 1);
+    CHECK(env.eng().evict(y));
+    CHECK(env.eng().state(y) == buffer_state::dropped);
+    CHECK(env.eng().stats().host_allocation_failures == 1);
+    CHECK(env.eng().stats().drops == 1);
+
+    env.sim->fail_nth(fault_site::pinned_host_allocation, 1);
+    CHECK_FALSE(env.eng().evict(src));  // no lineage: it stays
+    CHECK(env.eng().state(src) == buffer_state::resident);
+    CHECK(env.eng().stats().host_allocation_failures == 2);
+    g.expect(src);
+    g.expect(y);
+    env.sim->run_until_idle();
+    env.check_clean();
+  }
+  SUBCASE("a host pool too small for any spill, under pressure") {
+    engine_options o;
+    o.budget = 2 * MiB;
+    o.engine.host_pool_capacity = 4 * KiB;
+    engine_env env(o);
+    lineage_graph g(env);
+    std::vector<buffer_id> sources, outs;
+    for (int i = 0; i < 4; ++i) sources.push_back(g.source(128 * KiB));
+    for (int i = 0; i < 12; ++i) outs.push_back(g.node({sources[i % 4]}, {128 * KiB}, {}, 1e9)[0]);
+    env.sim->run_until_idle();
+    std::vector<void*> raw;
+    for (int i = 0; i < 4; ++i) raw.push_back(env.alloc->allocate(128 * KiB));  // over budget
+    const auto st = env.eng().stats();
+    CHECK(st.evictions > 0);
+    CHECK(st.spills == 0);
+    CHECK(st.drops == st.evictions);
+    CHECK(st.host_allocation_failures > 0);
+    for (buffer_id id : sources) CHECK(env.eng().state(id) == buffer_state::resident);
+    for (void* p : raw) env.alloc->deallocate(p);
+    for (buffer_id id : sources) g.expect(id);
+    for (buffer_id id : outs) g.expect(id);
+    env.sim->run_until_idle();
+    env.check_clean();
+  }
+  SUBCASE("nothing but buffers without lineage: out_of_memory, and they are intact") {
+    engine_options o;
+    o.budget = 2 * MiB;
+    o.engine.host_pool_capacity = 4 * KiB;
+    engine_env env(o);
+    lineage_graph g(env);
+    std::vector<buffer_id> sources;
+    for (int i = 0; i < 15; ++i) sources.push_back(g.source(128 * KiB));
+    env.sim->run_until_idle();
+    CHECK_THROWS_AS((void)env.alloc->allocate(512 * KiB), out_of_memory);
+    CHECK(env.eng().stats().evictions == 0);
+    for (buffer_id id : sources) g.expect(id);
+    env.sim->run_until_idle();
+    env.check_clean();
+  }
+}
+
+TEST_CASE("a copy fault while spilling leaves the buffer resident and intact") {
+  engine_env env;
+  lineage_graph g(env);
+  const buffer_id src = g.source(16 * KiB);
+  const buffer_id y = g.node({src}, {16 * KiB}, {}, 1e9)[0];
+  env.sim->run_until_idle();
+  const std::size_t allocated = env.allocated_bytes();
+
+  env.sim->fail_nth(fault_site::copy, 1);
+  CHECK_FALSE(env.eng().evict(src, eviction_mode::spill));
+  CHECK(env.eng().state(src) == buffer_state::resident);
+  CHECK(env.eng().stats().spills == 0);
+  CHECK(env.allocated_bytes() == allocated);
+  env.sim->fail_nth(fault_site::copy, 1);
+  CHECK(env.eng().evict(y));  // lineage: dropped instead
+  CHECK(env.eng().state(y) == buffer_state::dropped);
+  g.expect(src);
+  g.expect(y);
+  env.sim->run_until_idle();
+  spill_and_wait(env, src);  // the fault is spent: the next spill works
+  g.expect(src);
+  env.sim->run_until_idle();
+  env.check_clean();
+}
+
+TEST_CASE("a failed restore surfaces from pin; the buffer stays spilled and is pinnable later") {
+  SUBCASE("a copy fault") {
+    engine_env env;
+    lineage_graph g(env);
+    const buffer_id a = g.source(16 * KiB);
+    env.sim->run_until_idle();
+    spill_and_wait(env, a);
+    const std::size_t allocated = env.allocated_bytes();
+    env.sim->fail_nth(fault_site::copy, 1);
+    CHECK_THROWS_AS((void)env.eng().pin(a), device_error);
+    CHECK(env.eng().state(a) == buffer_state::spilled);
+    CHECK(env.allocated_bytes() == allocated);
+    CHECK(env.eng().stats().pinned_bytes == 0);
+    g.expect(a);
+    env.sim->run_until_idle();
+    env.check_clean();
+  }
+  for (const bool expandable : {false, true}) {
+    CAPTURE(expandable);
+    engine_options o;
+    o.expandable_segments = expandable;
+    o.capacity = 64 * MiB;
+    engine_env env(o);
+    lineage_graph g(env);
+    const buffer_id a = g.source(16 * KiB);
+    env.sim->run_until_idle();
+    spill_and_wait(env, a);
+    env.alloc->empty_cache();
+    REQUIRE(env.alloc->stats().reserved_bytes[0].current == 0);
+    // One failed reservation (or page map) is retried by the allocator's pressure path.
+    env.sim->fail_nth(expandable ? fault_site::page_map : fault_site::segment_reservation, 1);
+    g.expect(a);
+    env.sim->run_until_idle();
+    CHECK(env.sim->counters().faults_injected == 1);
+    spill_and_wait(env, a);
+    env.alloc->empty_cache();
+    // A device with no memory left: every reservation fails.
+    const std::size_t hog_bytes = env.sim->free_memory();
+    void* hog = env.sim->reserve_segment(hog_bytes);
+    REQUIRE(hog != nullptr);
+    CHECK_THROWS_AS((void)env.eng().pin(a), out_of_memory);
+    CHECK(env.eng().state(a) == buffer_state::spilled);
+    CHECK(env.allocated_bytes() == 0);
+    CHECK(env.eng().stats().pinned_bytes == 0);
+    env.sim->release_segment(hog, hog_bytes);
+    g.expect(a);
+    env.sim->run_until_idle();
+    CHECK(env.log.checks() == 2);
+    env.check_clean();
+  }
+}
