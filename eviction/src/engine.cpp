@@ -358,6 +358,7 @@ bool eviction_engine::evict(buffer_id id, eviction_mode mode) {
   }
   m.reap_in_flight_locked();
   if (e.state != buffer_state::resident) return e.state != buffer_state::restoring;
+  if (!e.evictable) return false;  // registered as never evicted (buffer_options::evictable)
   return m.evict_locked(e, mode);
 }
 
