@@ -1,0 +1,246 @@
+// test_engine_misuse: every misuse of the engine's API is a clear error, and changes nothing.
+//
+// It proves: unpin without a pin, an unknown id, an id used after forget (also once its slot was
+// reused by a newer buffer), forget or evict while pinned, registering a pointer the allocator
+// does not own (a host pointer, null, an interior pointer, a freed one), a double registration, a
+// size of 0 or larger than the allocation, add_node with an empty compute, no outputs, a cost that
+// is NaN, infinite or negative, or an unknown or forgotten input, an output_index out of range, an
+// output slot already taken or registered with another size, an unknown or retired producer, and a
+// bad engine_config are each reported with spillway::invalid_argument whose message names the id,
+// pointer, node or value; and that after each one the engine's statistics, every buffer's state
+// and bytes, and the allocator's statistics are what they were.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "engine_fixture.hpp"
+
+using namespace spillway;
+using namespace spillway::test;
+
+namespace {
+
+std::string pointer_text(const void* p) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%p", p);
+  return text;
+}
+
+std::string id_text(buffer_id id) {
+  return "buffer " + std::to_string(id.value & 0xffffffffu) + "#" + std::to_string(id.value >> 32);
+}
+
+// A small graph, and a snapshot of everything a refused call must leave as it was.
+struct fixture {
+  engine_env env;
+  lineage_graph g{env};
+  buffer_id s, a, b;
+  node_id n;
+
+  fixture() {
+    s = g.source(8 * KiB);
+    a = g.node({s}, {8 * KiB})[0];
+    n = g.nodes().back().id;
+    b = g.node({a}, {4 * KiB})[0];
+    env.sim->run_until_idle();
+    REQUIRE(env.eng().evict(b, eviction_mode::drop));
+  }
+
+  struct state_snapshot {
+    eviction::engine_stats engine;
+    memory_stats alloc;
+    std::vector<buffer_state> states;
+  };
+  state_snapshot take() const {
+    state_snapshot t{env.eng().stats(), env.alloc->stats(), {}};
+    for (const auto& r : g.buffers()) t.states.push_back(env.eng().state(r.id));
+    return t;
+  }
+  void check_unchanged(const state_snapshot& before) const {
+    const state_snapshot after = take();
+    CHECK(after.engine.registered == before.engine.registered);
+    CHECK(after.engine.resident_bytes == before.engine.resident_bytes);
+    CHECK(after.engine.pinned_bytes == before.engine.pinned_bytes);
+    CHECK(after.engine.evictions == before.engine.evictions);
+    CHECK(after.engine.recomputes == before.engine.recomputes);
+    CHECK(after.engine.restores == before.engine.restores);
+    check_same_stats(before.alloc, after.alloc);
+    CHECK(after.states == before.states);
+  }
+  void check_bytes() {
+    for (const auto& r : g.buffers()) g.expect(r.id);
+    env.sim->run_until_idle();
+    env.check_clean();
+  }
+};
+
+// Runs `call`, which must throw spillway::invalid_argument mentioning every part, and checks that
+// nothing changed.
+template <class F>
+void refused(fixture& f, F&& call, const std::vector<std::string>& parts) {
+  const auto before = f.take();
+  try {
+    call();
+    FAIL("the call was accepted");
+  } catch (const invalid_argument& e) {
+    for (const std::string& part : parts) CHECK_MESSAGE(contains(e.what(), part), std::string(e.what()) << " lacks '" << part << "'");
+  }
+  f.check_unchanged(before);
+}
+
+}  // namespace
+
+TEST_CASE("pins: unpin without a pin, forget or evict while pinned") {
+  fixture f;
+  eviction_engine& e = f.env.eng();
+  refused(f, [&] { e.unpin(f.a); }, {id_text(f.a), "not pinned"});
+  {
+    pinned_buffer p = e.pin(f.a);
+    refused(f, [&] { e.forget(f.a); }, {id_text(f.a), "pinned"});
+    refused(f, [&] { e.evict(f.a); }, {id_text(f.a), "pinned"});
+    refused(f, [&] { e.evict(f.a, eviction_mode::drop); }, {id_text(f.a), "pinned"});
+    CHECK(e.state(f.a) == buffer_state::resident);
+  }
+  // A manual pin and unpin balance; one unpin too many is refused again.
+  (void)e.pin(f.s).get();  // the guard unpins at once
+  auto p = e.pin(f.s);
+  e.unpin(f.s);
+  p.reset();  // the guard finds it unpinned already: nothing to do
+  refused(f, [&] { e.unpin(f.s); }, {id_text(f.s), "not pinned"});
+  f.check_bytes();
+}
+
+TEST_CASE("ids: unknown, zero, forgotten, and forgotten with the slot reused") {
+  fixture f;
+  eviction_engine& e = f.env.eng();
+  const buffer_id unknown{12345};
+  const buffer_id zero{};
+  for (buffer_id id : {unknown, zero}) {
+    refused(f, [&] { (void)e.pin(id); }, {id_text(id), "no such buffer"});
+    refused(f, [&] { e.unpin(id); }, {id_text(id), "no such buffer"});
+    refused(f, [&] { e.forget(id); }, {id_text(id), "no such buffer"});
+    refused(f, [&] { e.evict(id); }, {id_text(id), "no such buffer"});
+    refused(f, [&] { e.prefetch(id); }, {id_text(id), "no such buffer"});
+    refused(f, [&] { (void)e.state(id); }, {id_text(id), "no such buffer"});
+    refused(f, [&] { (void)e.size(id); }, {id_text(id), "no such buffer"});
+    refused(f, [&] { e.set_lineage(id, f.n); }, {id_text(id), "no such buffer"});
+  }
+
+  // A forgotten buffer: every call names it as forgotten, also after its slot was reused.
+  const buffer_id gone = e.register_buffer(f.env.alloc->allocate(4 * KiB), 4 * KiB, {});
+  e.forget(gone);
+  for (int round = 0; round < 2; ++round) {
+    CAPTURE(round);
+    refused(f, [&] { (void)e.pin(gone); }, {id_text(gone), "forgotten"});
+    refused(f, [&] { e.unpin(gone); }, {id_text(gone), "forgotten"});
+    refused(f, [&] { e.forget(gone); }, {id_text(gone), "forgotten"});
+    refused(f, [&] { e.evict(gone); }, {id_text(gone), "forgotten"});
+    refused(f, [&] { e.prefetch(gone); }, {id_text(gone), "forgotten"});
+    refused(f, [&] { (void)e.state(gone); }, {id_text(gone), "forgotten"});
+    refused(f, [&] { (void)e.size(gone); }, {id_text(gone), "forgotten"});
+    refused(f, [&] { (void)e.add_node({.name = "late", .inputs = {gone}, .compute = [](auto, auto, auto) {}}); },
+            {id_text(gone), "forgotten"});
+    if (round == 0) {
+      void* p = f.env.alloc->allocate(4 * KiB);
+      const buffer_id newer = e.register_buffer(p, 4 * KiB, {});
+      CHECK((newer.value & 0xffffffffu) == (gone.value & 0xffffffffu));  // the slot, reused
+      CHECK(newer != gone);
+      CHECK(e.state(newer) == buffer_state::resident);
+      e.forget(newer);
+    }
+  }
+  f.check_bytes();
+}
+
+TEST_CASE("register_buffer: pointers the allocator does not own, sizes, double registration") {
+  fixture f;
+  eviction_engine& e = f.env.eng();
+  int host_object = 0;
+  void* live = f.env.alloc->allocate(8 * KiB);
+  void* freed = f.env.alloc->allocate(8 * KiB);
+  f.env.alloc->deallocate(freed);
+  void* interior = static_cast<char*>(live) + 512;
+  for (void* p : {static_cast<void*>(&host_object), static_cast<void*>(nullptr), interior, freed}) {
+    CAPTURE(pointer_text(p));
+    refused(f, [&] { (void)e.register_buffer(p, 512, {}); }, {pointer_text(p), "not a live allocation"});
+  }
+  refused(f, [&] { (void)e.register_buffer(live, 0, {}); }, {pointer_text(live), "0 bytes", "8192"});
+  refused(f, [&] { (void)e.register_buffer(live, 8 * KiB + 1, {}); },
+          {pointer_text(live), "8193 bytes", "8192"});
+  const buffer_id id = e.register_buffer(live, 8 * KiB, {});
+  refused(f, [&] { (void)e.register_buffer(live, 8 * KiB, {}); }, {pointer_text(live), "already", id_text(id)});
+  // A pointer the engine owns (a resident registered buffer) is not the user's to register.
+  void* owned = e.pin(f.a).get();
+  refused(f, [&] { (void)e.register_buffer(owned, 8 * KiB, {}); }, {pointer_text(owned), "already", id_text(f.a)});
+  e.forget(id);
+  f.check_bytes();
+}
+
+TEST_CASE("add_node: empty compute, no outputs, bad costs, unknown inputs") {
+  fixture f;
+  eviction_engine& e = f.env.eng();
+  const auto noop = [](std::span<void* const>, std::span<void* const>, stream_ref) {};
+  refused(f, [&] { (void)e.add_node({.name = "empty", .inputs = {f.s}}); }, {"add_node(empty)", "compute is empty"});
+  refused(f, [&] { (void)e.add_node({.name = "none", .inputs = {f.s}, .output_count = 0, .compute = noop}); },
+          {"none", "output_count is 0"});
+  for (double cost : {std::nan(""), std::numeric_limits<double>::infinity(), -1.0}) {
+    CAPTURE(cost);
+    refused(f, [&] { (void)e.add_node({.name = "costly", .inputs = {f.s}, .compute = noop, .cost_ns = cost}); },
+            {"costly", "cost_ns", std::isnan(cost) ? "nan" : std::isinf(cost) ? "inf" : "-1"});
+  }
+  const buffer_id unknown{777};
+  refused(f, [&] { (void)e.add_node({.name = "orphan", .inputs = {f.s, unknown}, .compute = noop}); },
+          {id_text(unknown), "no such buffer"});
+  f.check_bytes();
+  // The refused nodes did not hold on to their inputs: once a and b are gone, s is freed.
+  f.g.forget_all();
+  f.env.sim->run_until_idle();
+  CHECK(f.env.allocated_bytes() == 0);
+}
+
+TEST_CASE("outputs: index out of range, slot taken, size mismatch, unknown or retired producer") {
+  fixture f;
+  eviction_engine& e = f.env.eng();
+  const auto noop = [](std::span<void* const>, std::span<void* const>, stream_ref) {};
+  const node_id two = e.add_node({.name = "two", .inputs = {f.s}, .output_count = 2, .compute = noop});
+  void* p = f.env.alloc->allocate(8 * KiB);
+  refused(f, [&] { (void)e.register_buffer(p, 8 * KiB, {}, {.producer = two, .output_index = 2}); },
+          {"output_index 2", "'two'", "2 output(s)"});
+  refused(f, [&] { (void)e.register_buffer(p, 8 * KiB, {}, {.producer = f.n, .output_index = 0}); },
+          {"output 0", "'n0'", "already", id_text(f.a)});
+  refused(f, [&] { e.set_lineage(f.b, two, 5); }, {"output_index 5", "'two'"});
+  refused(f, [&] { e.set_lineage(f.b, f.n, 0); }, {"output 0", "'n0'", id_text(f.a)});
+  const node_id unknown{4242};
+  refused(f, [&] { (void)e.register_buffer(p, 8 * KiB, {}, {.producer = unknown}); },
+          {"lineage node 4242", "does not exist"});
+  refused(f, [&] { e.set_lineage(f.a, unknown); }, {"lineage node 4242", "does not exist"});
+
+  // A slot whose buffer was forgotten keeps its size: a buffer of another size does not fit it.
+  const buffer_id out0 = e.register_buffer(p, 8 * KiB, {}, {.producer = two, .output_index = 0});
+  void* q = f.env.alloc->allocate(16 * KiB);
+  const buffer_id out1 = e.register_buffer(q, 16 * KiB, {}, {.producer = two, .output_index = 1});
+  e.forget(out1);
+  void* r = f.env.alloc->allocate(4 * KiB);
+  refused(f, [&] { (void)e.register_buffer(r, 4 * KiB, {}, {.producer = two, .output_index = 1}); },
+          {"output 1", "'two'", "16384 bytes, not 4096"});
+  // The last output forgotten: the node retires, and naming it is an error.
+  e.forget(out0);
+  refused(f, [&] { (void)e.register_buffer(r, 4 * KiB, {}, {.producer = two}); }, {"no longer exists"});
+  f.env.alloc->deallocate(r);
+  f.check_bytes();
+}
+
+TEST_CASE("engine_config: a depth of 0 and an unknown policy are refused") {
+  engine_env env;  // an allocator to build engines on
+  eviction::engine_config c;
+  c.max_recompute_depth = 0;
+  CHECK_THROWS_WITH_AS(eviction::eviction_engine(*env.alloc, c), doctest::Contains("max_recompute_depth is 0"),
+                       invalid_argument);
+  eviction::engine_config d;
+  d.policy = "fifo";
+  CHECK_THROWS_WITH_AS(eviction::eviction_engine(*env.alloc, d), doctest::Contains("fifo"), invalid_argument);
+}
