@@ -276,8 +276,10 @@ class lineage_graph {
   }
 
   // A node over `inputs` with outputs of `output_bytes`, on stream `s`. The test computes it once
-  // (inputs pinned for `s`, outputs allocated on `s`) and registers the outputs with the node as
-  // producer; `options[k]` (if given) are the other options of output k. Returns the outputs.
+  // (inputs pinned for `s`, outputs allocated on `s`), then records the node and registers the
+  // outputs with it as producer, as a framework records an op that succeeded; `options[k]` (if
+  // given) are the other options of output k. Returns the outputs. On out_of_memory (pinning an
+  // input, allocating an output) nothing is left behind.
   std::vector<buffer_id> node(const std::vector<buffer_id>& inputs,
                               const std::vector<std::size_t>& output_bytes, stream_ref s = {},
                               double cost_ns = 1000, std::vector<buffer_options> options = {}) {
@@ -293,8 +295,6 @@ class lineage_graph {
     desc.output_count = output_bytes.size();
     desc.compute = kernel(nr.name, seed, inputs, output_bytes, nr.runs);
     desc.cost_ns = cost_ns;
-    eviction::compute_fn first = desc.compute;
-    nr.id = env_.engine->add_node(std::move(desc));
 
     // Golden outputs on the host.
     std::vector<std::shared_ptr<std::vector<std::uint64_t>>> golden;
@@ -320,8 +320,14 @@ class lineage_graph {
       pins.push_back(env_.engine->pin(in, s));
       in_ptrs.push_back(pins.back().get());
     }
-    for (std::size_t b : output_bytes) out_ptrs.push_back(env_.alloc->allocate(b, s));
-    first(in_ptrs, out_ptrs, s);
+    try {
+      for (std::size_t b : output_bytes) out_ptrs.push_back(env_.alloc->allocate(b, s));
+    } catch (...) {
+      for (void* p : out_ptrs) env_.alloc->deallocate(p);
+      throw;
+    }
+    desc.compute(in_ptrs, out_ptrs, s);
+    nr.id = env_.engine->add_node(std::move(desc));
     std::vector<buffer_id> ids;
     for (std::size_t k = 0; k < output_bytes.size(); ++k) {
       buffer_options o = k < options.size() ? options[k] : buffer_options{};
@@ -344,14 +350,16 @@ class lineage_graph {
     return ids;
   }
 
-  // Enqueues on `s` a kernel that checks the bytes at `ptr` against the golden copy of `id`.
-  void check_kernel(buffer_id id, const void* ptr, stream_ref s, std::string tag = {}) {
+  // Enqueues on `s` a kernel that checks the bytes at `ptr` against the golden copy of `id` when it
+  // completes, `duration_ns` (default: the graph's kernel time) after it starts.
+  void check_kernel(buffer_id id, const void* ptr, stream_ref s, std::string tag = {},
+                    std::uint64_t duration_ns = 0) {
     const buffer_record& r = at(id);
     kernel_log log = env_.log;
     const std::uint64_t sum = r.sum;
     const std::size_t bytes = r.bytes;
     if (tag.empty()) tag = "buffer " + std::to_string(id.value);
-    env_.sim->launch(s, kernel_ns_, [=]() mutable {
+    env_.sim->launch(s, duration_ns != 0 ? duration_ns : kernel_ns_, [=]() mutable {
       log.count_check();
       if (checksum(ptr, bytes) != sum) log.fail(tag + ": wrong bytes");
     });
