@@ -1,0 +1,309 @@
+// spillway-evict-sim: replays operator traces (docs/op_trace_format.md) on the simulated device
+// under budgets, once per eviction policy and engine mode, and reports extra compute, copy stalls,
+// bytes spilled, evictions and decision time, next to rotor's optimum for chain-like traces.
+// docs/simulator.md has the model, the metrics and the results.
+//
+//   spillway-evict-sim [--trace FILE|synth:SPEC[,...]] [--budgets 1.0,0.8,...] [--policies dtr,...]
+//                      [--modes drop,hybrid,spill] [--verify] [--expandable] [--no-eager-drop]
+//                      [--link-gbps 50] [--seed S] [--rotor-slots 500] [--rotor-max-stages 400]
+//                      [--json] [--plot FILE.svg] [--smoke]
+//
+// Without --trace it replays every *.optrace / *.optrace.gz in bench/op_traces. A budget ratio r
+// means a budget of r x the trace's unconstrained peak reserved bytes, measured by a first replay
+// without an engine and without a budget.
+//
+// Exit status: 0 when every replay ran (an out-of-memory at some budget is a result, not a
+// failure); 1 when a replay brought back wrong bytes (--verify) or a smoke check failed; 2 on bad
+// arguments or a bad trace.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "bench_common.hpp"
+#include "evict_sim_chain.hpp"
+#include "evict_sim_report.hpp"
+#include "evict_sim_run.hpp"
+#include "op_trace.hpp"
+#include "op_trace_synth.hpp"
+#include "spillway/errors.hpp"
+#include "spillway/eviction/policy.hpp"
+
+#ifndef SPILLWAY_OP_TRACES_DIR
+#define SPILLWAY_OP_TRACES_DIR ""
+#endif
+
+namespace spillway::evsim {
+namespace {
+
+void print_usage() {
+  std::fputs(
+      "usage: spillway-evict-sim [--trace FILE|synth:SPEC[,...]] [--budgets 1.0,0.8,0.6,0.5,0.4,0.3]\n"
+      "                          [--policies dtr,lru,largest,dtr-frag] [--modes drop,hybrid,spill]\n"
+      "                          [--verify] [--expandable] [--no-eager-drop] [--link-gbps 50] [--seed 1]\n"
+      "                          [--rotor-slots 500] [--rotor-max-stages 400] [--json] [--plot FILE.svg]\n"
+      "                          [--smoke]\n"
+      "  --trace       op traces (.optrace, .optrace.gz) or synthetic ones: synth:mlp,\n"
+      "                synth:transformer:layers=2 (models: mlp, transformer, resnet, unet; options\n"
+      "                layers, batch, width, shared, seed). Default: every op trace in\n"
+      "                " SPILLWAY_OP_TRACES_DIR "\n"
+      "  --budgets     budget ratios: budget = ratio x the unconstrained peak reserved bytes\n"
+      "  --policies    eviction policies (default: all); --modes engine modes (default: all three):\n"
+      "                drop (recompute only, like DTR), hybrid (spill or drop by cost), spill (no lineage)\n"
+      "  --verify      kernels write and check signatures: wrong bytes after a restore are counted\n"
+      "  --expandable  expandable segments (VMM) on the simulated device\n"
+      "  --no-eager-drop  keep released buffers that lineage still needs resident until evicted\n"
+      "  --link-gbps   host<->device copy bandwidth each way (GB/s)\n"
+      "  --json        machine-readable results on stdout; --plot: an SVG line plot per trace\n"
+      "  --smoke       tiny synthetic traces with checks (for ctest)\n",
+      stdout);
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// synth specs contain commas ("synth:mlp:layers=4,batch=64"): a new item starts at a comma that
+// is followed by "synth:" or by something that is not key=value.
+std::vector<std::string> split_traces(const std::string& s) {
+  std::vector<std::string> out;
+  for (const std::string& part : split_commas(s)) {
+    const bool option = part.find('=') != std::string::npos && part.find(':') == std::string::npos;
+    if (option && !out.empty() && out.back().rfind("synth:", 0) == 0) {
+      out.back() += "," + part;
+    } else {
+      out.push_back(part);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> default_traces() {
+  namespace fs = std::filesystem;
+  std::vector<std::string> out;
+  std::error_code ec;
+  const fs::path dir = SPILLWAY_OP_TRACES_DIR;
+  if (!dir.empty() && fs::is_directory(dir, ec)) {
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.ends_with(".optrace") || n.ends_with(".optrace.gz")) out.push_back(e.path().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  if (out.empty()) throw spillway::invalid_argument("no --trace given and no *.optrace in \"" + dir.string() + "\"");
+  return out;
+}
+
+struct options {
+  std::vector<double> ratios;
+  std::vector<std::string> policies;
+  std::vector<engine_mode> modes;
+  run_config base;
+  std::size_t rotor_slots = 500;
+  std::size_t rotor_max_stages = 400;
+  bool quiet = false;
+};
+
+op_trace::trace_data load(const std::string& name) {
+  if (name.rfind("synth:", 0) == 0) return op_trace::synthesize(op_trace::parse_synth_spec(name.substr(6)));
+  return op_trace::read_op_trace(name);
+}
+
+trace_report evaluate(const std::string& name, const op_trace::trace_data& t, const options& o) {
+  trace_report r;
+  r.name = name;
+  r.trace = &t;
+  r.summary = op_trace::summarize(t);
+  r.ratios = o.ratios;
+  const op_trace::liveness live = op_trace::compute_liveness(t);
+  run_config base = o.base;
+  base.mode = engine_mode::none;
+  base.budget = unlimited_budget;
+  run_with_large_stack([&] { r.baseline = replay(t, live, base); });
+  if (!r.baseline.ok) throw std::runtime_error(name + ": the replay without a budget failed: " + r.baseline.failure);
+
+  r.rotor.chain = extract_chain(t, live);
+  if (!r.rotor.chain.ok) {
+    r.rotor.why = r.rotor.chain.why;
+  } else if (r.rotor.chain.chain.stages.size() > o.rotor_max_stages) {
+    r.rotor.why = std::to_string(r.rotor.chain.chain.stages.size()) + " stages, over --rotor-max-stages";
+  } else {
+    r.rotor.computed = true;
+    r.rotor.min_budget = rotor_min_device_budget(r.rotor.chain);
+    for (double ratio : o.ratios) {
+      r.rotor.at.push_back(rotor_at(r.rotor.chain, static_cast<std::size_t>(ratio * static_cast<double>(r.peak())), o.rotor_slots));
+    }
+  }
+
+  for (const std::string& policy : o.policies) {
+    for (engine_mode mode : o.modes) {
+      series s;
+      s.policy = policy;
+      s.mode = mode;
+      for (double ratio : o.ratios) {
+        budget_point p;
+        p.ratio = ratio;
+        p.budget = static_cast<std::size_t>(ratio * static_cast<double>(r.peak()));
+        run_config c = o.base;
+        c.mode = mode;
+        c.policy = policy;
+        c.budget = p.budget;
+        run_with_large_stack([&] { p.result = replay(t, live, c); });
+        if (!o.quiet) {
+          std::fprintf(stderr, "  %-28s %-16s %.2f  %s %.2f s\n", name.substr(0, 28).c_str(), s.label().c_str(), ratio,
+                       p.result.ok ? "ok    " : "failed", p.result.wall_seconds);
+        }
+        s.points.push_back(std::move(p));
+      }
+      r.runs.push_back(std::move(s));
+    }
+  }
+  return r;
+}
+
+std::string device_line(const options& o) {
+  std::ostringstream s;
+  s << "spillway-evict-sim on the simulated device (manual clock; copies " << o.base.link_bandwidth / 1e9
+    << " GB/s each way, 2 us latency; " << (o.base.expandable ? "expandable segments" : "PyTorch's segment sizes")
+    << "); host " << std::thread::hardware_concurrency() << " cores; decision times are host wall time";
+  return s.str();
+}
+
+// --- smoke --------------------------------------------------------------------------------------
+
+int smoke(options o, bool json) {
+  o.ratios = {1.0, 0.8, 0.6};
+  o.modes = {engine_mode::drop_only, engine_mode::hybrid, engine_mode::spill_only};
+  o.base.verify = true;
+  o.quiet = true;
+  const std::vector<std::string> specs = {"mlp:layers=8,batch=16384,width=256", "transformer:layers=1,batch=2",
+                                          "resnet:layers=2,batch=4", "unet:layers=2,batch=1,width=8"};
+  std::vector<op_trace::trace_data> traces;
+  for (const std::string& spec : specs) {
+    const op_trace::trace_data t = op_trace::synthesize(op_trace::parse_synth_spec(spec));
+    traces.push_back(op_trace::parse_op_trace(op_trace::to_text(t), spec));  // through the text form
+    if (!(traces.back() == t)) throw std::runtime_error("smoke: " + spec + " does not survive the text form");
+  }
+  std::vector<trace_report> reports;
+  int failures = 0;
+  const auto expect = [&](bool ok, const std::string& what) {
+    if (!ok) {
+      std::fprintf(stderr, "spillway-evict-sim --smoke: FAILED: %s\n", what.c_str());
+      ++failures;
+    }
+  };
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    reports.push_back(evaluate("synth:" + specs[i], traces[i], o));
+    const trace_report& r = reports.back();
+    expect(r.baseline.total_ns == r.summary.total_duration_ns, specs[i] + ": baseline time is the sum of op durations");
+    for (const series& s : r.runs) {
+      for (const budget_point& p : s.points) {
+        const std::string at = specs[i] + " " + s.label() + " at " + std::to_string(p.ratio);
+        expect(p.result.verify_mismatches == 0, at + ": every input read back its expected bytes");
+        if (p.ratio == 1.0) expect(p.result.ok, at + ": runs at the unconstrained peak (" + p.result.failure + ")");
+        if (p.result.ok) {
+          expect(p.result.peak_reserved <= p.budget, at + ": peak reserved within the budget");
+          expect(p.result.total_ns >= r.baseline.total_ns, at + ": no faster than the baseline");
+        }
+      }
+    }
+  }
+  const trace_report& mlp = reports.front();
+  expect(mlp.rotor.computed && mlp.rotor.chain.chain.stages.size() == 9, "mlp: a 9-stage chain (8 layers + the loss)");
+  bool recomputed = false;
+  for (const series& s : mlp.runs) {
+    if (s.mode == engine_mode::drop_only && s.points[1].result.ok) recomputed = recomputed || s.points[1].result.engine.recomputes > 0;
+  }
+  expect(recomputed, "mlp: a drop-only run recomputes at ratio 0.8");
+  if (json) {
+    bench::json_writer j(std::cout);
+    j.begin_object().field("tool", "spillway-evict-sim").field("smoke", true).field("failures", failures);
+    write_json(j, reports);
+    j.end_object();
+    std::cout << "\n";
+  } else {
+    print_table(std::cout, reports, device_line(o));
+    std::printf("smoke: %s\n", failures ? "FAILED" : "ok");
+  }
+  return failures ? 1 : 0;
+}
+
+int run(int argc, char** argv) {
+  bench::arg_parser args(argc, argv);
+  if (args.flag("help")) {
+    print_usage();
+    return 0;
+  }
+  options o;
+  const std::string traces_arg = args.get("trace", "");
+  for (const std::string& s : split_commas(args.get("budgets", "1.0,0.8,0.6,0.5,0.4,0.3"))) {
+    char* end = nullptr;
+    const double v = std::strtod(s.c_str(), &end);
+    if (end == s.c_str() || *end != '\0' || !(v > 0) || v > 4) {
+      throw spillway::invalid_argument("--budgets: \"" + s + "\" is not a ratio in (0, 4]");
+    }
+    o.ratios.push_back(v);
+  }
+  const std::string policies = args.get("policies", "");
+  o.policies = policies.empty() ? eviction::policy_names() : split_commas(policies);
+  for (const std::string& p : o.policies) (void)eviction::make_policy(p);  // names it if unknown
+  for (const std::string& m : split_commas(args.get("modes", "drop,hybrid,spill"))) o.modes.push_back(parse_mode(m));
+  o.base.verify = args.flag("verify");
+  o.base.expandable = args.flag("expandable");
+  o.base.eager_drop = !args.flag("no-eager-drop");
+  o.base.link_bandwidth = args.get_double("link-gbps", 50) * 1e9;
+  o.base.seed = static_cast<std::uint64_t>(args.get_int("seed", 1));
+  o.rotor_slots = static_cast<std::size_t>(args.get_int("rotor-slots", 500));
+  o.rotor_max_stages = static_cast<std::size_t>(args.get_int("rotor-max-stages", 400));
+  const bool json = args.flag("json");
+  const std::string plot = args.get("plot", "");
+  const bool is_smoke = args.flag("smoke");
+  o.quiet = args.flag("quiet");
+  args.finish();
+  if (o.base.link_bandwidth <= 0) throw spillway::invalid_argument("--link-gbps must be > 0");
+  if (is_smoke) return smoke(o, json);
+
+  const std::vector<std::string> names = traces_arg.empty() ? default_traces() : split_traces(traces_arg);
+  std::vector<op_trace::trace_data> traces;
+  traces.reserve(names.size());
+  for (const std::string& n : names) traces.push_back(load(n));
+  std::vector<trace_report> reports;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (!o.quiet) std::fprintf(stderr, "%s\n", names[i].c_str());
+    reports.push_back(evaluate(names[i], traces[i], o));
+  }
+  bool corrupt = false;
+  for (const trace_report& r : reports) {
+    for (const series& s : r.runs) {
+      for (const budget_point& p : s.points) corrupt = corrupt || p.result.verify_mismatches > 0;
+    }
+  }
+  if (!plot.empty()) write_svg(plot, reports);
+  if (json) {
+    bench::json_writer j(std::cout);
+    j.begin_object().field("tool", "spillway-evict-sim").field("device", device_line(o));
+    j.field("verify", o.base.verify).field("expandable", o.base.expandable).field("eager_drop", o.base.eager_drop);
+    write_json(j, reports);
+    j.end_object();
+    std::cout << "\n";
+  } else {
+    print_table(std::cout, reports, device_line(o));
+    if (!plot.empty()) std::printf("plot: %s\n", plot.c_str());
+  }
+  if (corrupt) std::fprintf(stderr, "spillway-evict-sim: a replay read back wrong bytes (see CORRUPT)\n");
+  return corrupt ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace spillway::evsim
+
+int main(int argc, char** argv) { return spillway::bench::run_tool("spillway-evict-sim", spillway::evsim::run, argc, argv); }

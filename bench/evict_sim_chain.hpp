@@ -1,0 +1,55 @@
+// evict_sim_chain: reads a chain (rotor_planner.hpp) out of an operator trace, so the simulator can
+// report rotor's static optimum next to the dynamic policies.
+//
+// How (docs/simulator.md, "The rotor optimum"):
+// - The forward phase is the ops before `phase backward`. A *constant* is a forward buffer computed
+//   from parameters and constants only and never read by the backward (an attention mask).
+// - A cut after forward op p is valid when exactly one forward buffer that is neither a parameter
+//   nor a constant is written at or before p and read after p: that buffer is the stage's x_i.
+//   Stages are the runs of ops between valid cuts. A chain-like trace (an MLP) has a cut after
+//   every op; a ResNet one after every block; a trace with long skips (a U-Net) few or none.
+// - Stage i: forward_cost = the sum of its ops' durations; x_bytes = |x_i| (the loss for the last
+//   stage); xbar_bytes = |x_i| + the other buffers it writes that a backward op reads (saved for
+//   backward); forward_overhead = the most bytes of its other buffers alive at one of its ops.
+//   Backward ops are attributed to the latest stage whose buffers they read (this only splits
+//   backward_cost between stages; it changes total_cost, never extra_cost); backward overheads are 0.
+// - Sizes are rounded as the allocator rounds them (512 bytes). Parameters (initial and produced)
+//   and constants are `fixed_bytes`: held for the whole step, outside rotor's model. rotor's budget
+//   at a device budget B is B - fixed_bytes. input_bytes is 0: the first stage reads parameters.
+// rotor's model is exact for the synthetic mlp (one op per stage, no transients). Elsewhere it is an
+// approximation that favours rotor: no fragmentation, no segment granularity, no backward temporaries.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "op_trace.hpp"
+#include "spillway/eviction/rotor_planner.hpp"
+
+namespace spillway::evsim {
+
+struct chain_model {
+  bool ok = false;
+  std::string why;                    // when !ok: why the trace is not a chain
+  eviction::chain chain;
+  std::size_t fixed_bytes = 0;        // parameters and constants, rounded
+  std::vector<std::size_t> stage_last_op;  // the last forward op of each stage
+};
+
+chain_model extract_chain(const op_trace::trace_data& trace, const op_trace::liveness& live);
+
+struct rotor_point {
+  bool feasible = false;
+  double extra_cost_ns = 0;   // recomputation of the optimal persistent schedule
+  double total_cost_ns = 0;
+  std::size_t peak_bytes = 0; // the plan's peak + fixed_bytes
+  bool least_memory_fallback = false;
+};
+
+// rotor at a device budget (bytes); infeasible when the budget does not cover fixed_bytes.
+rotor_point rotor_at(const chain_model& c, std::size_t device_budget, std::size_t memory_slots = 500);
+// rotor_min_budget(chain) + fixed_bytes.
+std::size_t rotor_min_device_budget(const chain_model& c);
+
+}  // namespace spillway::evsim

@@ -1,0 +1,71 @@
+// evict_sim_report: what spillway-evict-sim measured, and its three forms: a table, JSON, and an
+// SVG line plot (budget ratio on x, overhead on y, one line per policy and mode plus rotor), written
+// by hand so the tool needs no plotting library.
+#pragma once
+
+#include <cstddef>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "evict_sim_chain.hpp"
+#include "evict_sim_run.hpp"
+#include "op_trace.hpp"
+
+namespace spillway::evsim {
+
+struct budget_point {
+  double ratio = 0;
+  std::size_t budget = 0;
+  run_result result;
+};
+
+struct series {
+  std::string policy;
+  engine_mode mode = engine_mode::hybrid;
+  std::vector<budget_point> points;  // one per ratio, in --budgets order
+  std::string label() const { return policy + "/" + to_string(mode); }
+};
+
+struct rotor_series {
+  chain_model chain;
+  bool computed = false;             // false: not a chain, or too many stages
+  std::string why;                   // when !computed
+  std::size_t min_budget = 0;        // rotor_min_device_budget
+  std::vector<rotor_point> at;       // one per ratio
+};
+
+struct trace_report {
+  std::string name;                  // file name or synth spec
+  op_trace::trace_data const* trace = nullptr;
+  op_trace::trace_summary summary;
+  run_result baseline;               // no engine, no budget
+  std::vector<double> ratios;
+  std::vector<series> runs;
+  rotor_series rotor;
+
+  std::size_t peak() const noexcept { return baseline.peak_reserved; }
+  // time / baseline - 1 for a run; extra compute; stalls (time - baseline - extra compute).
+  double overhead(const run_result& r) const;
+  double stall_ns(const run_result& r) const;
+};
+
+// For chain traces: at each ratio whose budget is at least rotor's minimum, the best drop-only
+// run's extra compute over rotor's. met: <= 1.15 everywhere (an OOM there is a miss).
+struct chain_target {
+  double ratio = 0;
+  bool rotor_feasible = false;
+  double rotor_extra_ns = 0;
+  std::string best;          // label of the best drop-only run ("" if all failed)
+  double best_extra_ns = 0;
+  double factor = 0;         // best / rotor (1 when both are 0; inf when rotor is 0 and best is not)
+  bool met = false;
+};
+std::vector<chain_target> chain_targets(const trace_report& r, double limit = 1.15);
+
+void print_table(std::ostream& out, const std::vector<trace_report>& reports, const std::string& device_line);
+void write_json(bench::json_writer& j, const std::vector<trace_report>& reports);
+void write_svg(const std::string& path, const std::vector<trace_report>& reports);
+
+}  // namespace spillway::evsim

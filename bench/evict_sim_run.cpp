@@ -1,0 +1,394 @@
+// evict_sim_run: one replay of an operator trace. The model is described in evict_sim_run.hpp.
+#include "evict_sim_run.hpp"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <optional>
+
+#include "spillway/device_allocator.hpp"
+#include "spillway/errors.hpp"
+#include "spillway/sim_device.hpp"
+
+namespace spillway::evsim {
+
+using op_trace::never;
+using op_trace::trace_data;
+
+std::string to_string(engine_mode m) {
+  switch (m) {
+    case engine_mode::none: return "none";
+    case engine_mode::hybrid: return "hybrid";
+    case engine_mode::drop_only: return "drop";
+    case engine_mode::spill_only: return "spill";
+  }
+  return "?";
+}
+
+engine_mode parse_mode(const std::string& s) {
+  if (s == "hybrid") return engine_mode::hybrid;
+  if (s == "drop") return engine_mode::drop_only;
+  if (s == "spill") return engine_mode::spill_only;
+  throw spillway::invalid_argument("unknown engine mode \"" + s + "\"; expected hybrid, drop or spill");
+}
+
+double run_result::decision_median_ns() const {
+  if (decision_samples.empty()) return 0;
+  auto s = decision_samples;
+  std::sort(s.begin(), s.end());
+  std::uint64_t total = 0;
+  for (const auto& [ns, n] : s) total += n;
+  std::uint64_t seen = 0;
+  for (const auto& [ns, n] : s) {
+    seen += n;
+    if (2 * seen >= total) return ns;
+  }
+  return s.back().first;
+}
+
+namespace {
+
+std::uint64_t splitmix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+std::uint64_t mix(std::uint64_t h, std::uint64_t v) { return splitmix(h ^ splitmix(v)); }
+
+// Signatures: what each buffer must hold (at its start, middle and end), and the kernels' effects.
+class verifier {
+ public:
+  explicit verifier(const trace_data& t) : t_(t), expected_(t.buffers.size(), 0) {
+    for (std::size_t b = 0; b < t.buffers.size(); ++b) expected_[b] = mix(0x5eed, b);
+    for (std::size_t k = 0; k < t.ops.size(); ++k) {
+      std::uint64_t h = splitmix(k);
+      for (std::uint32_t in : t.ops[k].inputs) h = mix(h, masked(in, expected_[in]));
+      for (std::size_t j = 0; j < t.ops[k].outputs.size(); ++j) expected_[t.ops[k].outputs[j]] = mix(h, j);
+    }
+  }
+
+  void write_param(std::uint32_t b, void* p) { write(b, p, expected_[b]); }
+
+  // The effect of op k's kernel.
+  void run(std::size_t k, const std::vector<void*>& in, const std::vector<void*>& out) {
+    const op_trace::op& o = t_.ops[k];
+    std::uint64_t h = splitmix(k);
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      const std::uint32_t b = o.inputs[i];
+      bool same = true;
+      const std::uint64_t v = read(b, in[i], same);
+      ++checks;
+      if (!same || v != masked(b, expected_[b])) ++mismatches;
+      h = mix(h, v);
+    }
+    for (std::size_t j = 0; j < out.size(); ++j) write(o.outputs[j], out[j], mix(h, j));
+  }
+
+  std::uint64_t checks = 0;
+  std::uint64_t mismatches = 0;
+
+ private:
+  std::size_t width(std::uint32_t b) const { return std::min<std::uint64_t>(8, t_.buffers[b].bytes); }
+  std::uint64_t masked(std::uint32_t b, std::uint64_t v) const {
+    const std::size_t w = width(b);
+    return w == 8 ? v : v & ((std::uint64_t{1} << (8 * w)) - 1);
+  }
+  std::size_t offset(std::uint32_t b, int which) const {
+    const std::uint64_t bytes = t_.buffers[b].bytes;
+    return which == 0 ? 0 : which == 1 ? static_cast<std::size_t>((bytes / 2) & ~std::uint64_t{7}) : bytes - width(b);
+  }
+  void write(std::uint32_t b, void* p, std::uint64_t v) {
+    for (int w = 0; w < 3; ++w) std::memcpy(static_cast<char*>(p) + offset(b, w), &v, width(b));
+  }
+  std::uint64_t read(std::uint32_t b, const void* p, bool& same) const {
+    std::uint64_t v[3] = {0, 0, 0};
+    for (int w = 0; w < 3; ++w) std::memcpy(&v[w], static_cast<const char*>(p) + offset(b, w), width(b));
+    same = v[0] == v[1] && v[1] == v[2];
+    return v[0];
+  }
+
+  const trace_data& t_;
+  std::vector<std::uint64_t> expected_;
+};
+
+class replayer {
+ public:
+  replayer(const trace_data& t, const op_trace::liveness& l, const run_config& c) : t_(t), l_(l), c_(c), check_(t) {
+    dying_.resize(t.ops.size());
+    for (std::uint32_t b = 0; b < t.buffers.size(); ++b) {
+      if (l.dies_after[b] != never && (l.produced_by[b] != never || t.buffers[b].param)) dying_[l.dies_after[b]].push_back(b);
+    }
+    consumers_.resize(t.buffers.size());
+    for (std::size_t k = 0; k < t.ops.size(); ++k) {
+      for (std::uint32_t b : t.ops[k].inputs) consumers_[b].push_back(k);
+    }
+    live_outputs_.assign(t.ops.size(), 0);
+    raw_.assign(t.buffers.size(), nullptr);
+    ids_.assign(t.buffers.size(), {});
+    alive_.assign(t.buffers.size(), false);
+  }
+
+  run_result run() {
+    const auto started = std::chrono::steady_clock::now();
+    run_result r;
+    try {
+      setup(r);
+      allocate_params();
+      const std::size_t stride = std::max<std::size_t>(1, t_.ops.size() / std::max<std::size_t>(1, c_.candidate_samples));
+      std::size_t next_count_op = 0;  // candidate counts: at the first op with pressure from here
+      const std::size_t window = std::max<std::size_t>(1, t_.ops.size() / 2000);
+      std::size_t next_sample_op = 0;
+      bool pressured_since_sample = false;
+      for (std::size_t k = 0; k < t_.ops.size(); ++k) {
+        const std::int64_t calls = alloc_->stats().num_pressure_handler_calls;
+        run_op(k);
+        // Decision samples: engine_stats() walks every buffer, so one sample covers a window of
+        // ops with pressure (a window mean) when there are many.
+        if (engine_ && alloc_->stats().num_pressure_handler_calls != calls) {
+          pressured_since_sample = true;
+          if (k >= next_sample_op) {
+            sample_decisions(r, k >= next_count_op);
+            if (k >= next_count_op) next_count_op = k + stride;
+            next_sample_op = k + window;
+            pressured_since_sample = false;
+          }
+        }
+        release_after(k);
+        r.ops_done = k + 1;
+      }
+      if (engine_ && pressured_since_sample) sample_decisions(r, false);
+      r.total_ns = sim_->now_ns();
+      r.ok = true;
+    } catch (const spillway::out_of_memory& e) {
+      r.failure = "out of memory at op " + std::to_string(r.ops_done) + where(r.ops_done) + ": " + first_line(e.what());
+    } catch (const std::exception& e) {
+      r.failure = "error at op " + std::to_string(r.ops_done) + where(r.ops_done) + ": " + first_line(e.what());
+    }
+    if (alloc_) {
+      for (void* p : unregistered_) alloc_->deallocate(p);
+      unregistered_.clear();
+      const memory_stats s = alloc_->stats();
+      r.peak_reserved = static_cast<std::size_t>(s.reserved_bytes[0].peak);
+      r.peak_allocated = static_cast<std::size_t>(s.allocated_bytes[0].peak);
+    }
+    if (engine_) r.engine = engine_->stats();
+    r.eager_drops = eager_drops_;
+    r.verify_checks = check_.checks;
+    r.verify_mismatches = check_.mismatches;
+    engine_.reset();
+    for (std::uint32_t b = 0; b < raw_.size(); ++b) {
+      if (raw_[b] != nullptr) alloc_->deallocate(raw_[b]);
+    }
+    if (sim_) sim_->run_until_idle();
+    r.allocator_warnings = warnings_;
+    r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return r;
+  }
+
+ private:
+  static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+  std::string where(std::size_t k) const { return k < t_.ops.size() ? " (" + t_.ops[k].name + ")" : ""; }
+
+  void setup(run_result&) {
+    const op_trace::trace_summary s = op_trace::summarize(t_);
+    sim_config sc;
+    sc.capacity = c_.capacity != 0 ? c_.capacity : 2 * s.peak_live_bytes + (std::size_t{1} << 30);
+    if (c_.budget != unlimited_budget) sc.capacity = std::max(sc.capacity, c_.budget + (std::size_t{256} << 20));
+    sc.h2d_bandwidth = sc.d2h_bandwidth = c_.link_bandwidth;
+    sim_ = std::make_shared<sim_device>(sc);
+    allocator_config ac;
+    ac.budget = c_.budget;
+    ac.expandable_segments = c_.expandable;
+    ac.on_warning = [this](const std::string&) { ++warnings_; };
+    alloc_ = std::make_unique<device_allocator>(sim_, ac);
+    stream_ = sim_->create_stream();
+    if (c_.mode == engine_mode::none) return;
+    eviction::engine_config ec;
+    ec.policy = c_.policy;
+    ec.seed = c_.seed;
+    ec.allow_spill = c_.mode != engine_mode::drop_only;
+    ec.allow_drop = c_.mode != engine_mode::spill_only;
+    ec.max_recompute_depth = 1000000;
+    ec.clock = [s = sim_.get()] { return s->now_ns(); };
+    engine_.emplace(*alloc_, ec);
+  }
+
+  void allocate_params() {
+    for (std::uint32_t b = 0; b < t_.buffers.size(); ++b) {
+      if (!t_.buffers[b].param || l_.produced_by[b] != never) continue;
+      void* p = alloc_->allocate(t_.buffers[b].bytes, stream_);
+      if (c_.verify) check_.write_param(b, p);
+      adopt(b, p, {}, 0);
+    }
+  }
+
+  // Takes ownership of a fresh block for buffer b: registered with the engine, or kept raw.
+  void adopt(std::uint32_t b, void* p, eviction::node_id producer, std::uint32_t index) {
+    alive_[b] = true;
+    if (!engine_) {
+      raw_[b] = p;
+      return;
+    }
+    eviction::buffer_options o;
+    o.producer = producer;
+    o.output_index = index;
+    o.evictable = !t_.buffers[b].param;
+    ids_[b] = engine_->register_buffer(p, t_.buffers[b].bytes, stream_, o);
+  }
+
+  eviction::compute_fn kernel(std::size_t k) {
+    const std::uint64_t ns = t_.ops[k].duration_ns;
+    if (!c_.verify) {
+      return [s = sim_.get(), ns](std::span<void* const>, std::span<void* const>, stream_ref st) { s->launch(st, ns); };
+    }
+    return [s = sim_.get(), ns, k, v = &check_](std::span<void* const> in, std::span<void* const> out, stream_ref st) {
+      s->launch(st, ns, [v, k, i = std::vector<void*>(in.begin(), in.end()), o = std::vector<void*>(out.begin(), out.end())] {
+        v->run(k, i, o);
+      });
+    };
+  }
+
+  void run_op(std::size_t k) {
+    const op_trace::op& o = t_.ops[k];
+    std::vector<eviction::pinned_buffer> pins;
+    std::vector<void*> in(o.inputs.size()), out(o.outputs.size());
+    pins.reserve(o.inputs.size());
+    for (std::size_t i = 0; i < o.inputs.size(); ++i) {
+      const std::uint32_t b = o.inputs[i];
+      if (engine_) {
+        pins.push_back(engine_->pin(ids_[b]));
+        in[i] = pins.back().get();
+      } else {
+        in[i] = raw_[b];
+      }
+    }
+    for (std::size_t j = 0; j < o.outputs.size(); ++j) {
+      out[j] = alloc_->allocate(t_.buffers[o.outputs[j]].bytes, stream_);
+      unregistered_.push_back(out[j]);
+    }
+    const eviction::compute_fn compute = kernel(k);
+    compute(in, out, stream_);
+    eviction::node_id node;
+    if (engine_ && c_.mode != engine_mode::spill_only && !o.outputs.empty()) {
+      std::vector<eviction::buffer_id> inputs;
+      inputs.reserve(o.inputs.size());
+      for (std::uint32_t b : o.inputs) inputs.push_back(ids_[b]);
+      node = engine_->add_node({o.name, std::move(inputs), o.outputs.size(), compute, static_cast<double>(o.duration_ns)});
+      live_outputs_[k] = static_cast<std::uint32_t>(o.outputs.size());
+    }
+    for (std::size_t j = 0; j < o.outputs.size(); ++j) {
+      adopt(o.outputs[j], out[j], node, static_cast<std::uint32_t>(j));
+      unregistered_.erase(std::find(unregistered_.begin(), unregistered_.end(), out[j]));
+    }
+    sim_->synchronize_stream(stream_);
+    pins.clear();
+  }
+
+  // Releases the buffers whose life ends after op k (see eager_drop in evict_sim_run.hpp).
+  void release_after(std::size_t k) {
+    const std::vector<std::uint32_t>& dying = dying_[k];
+    if (!engine_) {
+      for (std::uint32_t b : dying) {
+        alloc_->deallocate(raw_[b]);
+        raw_[b] = nullptr;
+        alive_[b] = false;
+      }
+      return;
+    }
+    for (std::uint32_t b : dying) {
+      if (l_.produced_by[b] != never && live_outputs_[l_.produced_by[b]] > 0) --live_outputs_[l_.produced_by[b]];
+    }
+    if (c_.eager_drop && c_.mode != engine_mode::spill_only) {
+      for (std::uint32_t b : dying) {
+        if (t_.buffers[b].param || l_.produced_by[b] == never) continue;
+        const bool needed = std::any_of(consumers_[b].begin(), consumers_[b].end(),
+                                        [&](std::size_t c) { return live_outputs_[c] > 0; });
+        if (needed && engine_->state(ids_[b]) == eviction::buffer_state::resident &&
+            engine_->evict(ids_[b], eviction::eviction_mode::drop)) {
+          ++eager_drops_;
+        }
+      }
+    }
+    for (std::uint32_t b : dying) {
+      engine_->forget(ids_[b]);
+      ids_[b] = {};
+      alive_[b] = false;
+    }
+  }
+
+  void sample_decisions(run_result& r, bool count_candidates) {
+    const eviction::engine_stats s = engine_->stats();
+    const std::uint64_t n = s.decisions - last_decisions_;
+    if (n > 0) r.decision_samples.emplace_back((s.decision_time_ns - last_decision_ns_) / static_cast<double>(n), n);
+    last_decisions_ = s.decisions;
+    last_decision_ns_ = s.decision_time_ns;
+    if (!count_candidates) return;
+    std::size_t candidates = 0;
+    for (std::uint32_t b = 0; b < alive_.size(); ++b) {
+      if (alive_[b] && !t_.buffers[b].param && engine_->state(ids_[b]) == eviction::buffer_state::resident) ++candidates;
+    }
+    r.max_candidates = std::max(r.max_candidates, candidates);
+  }
+
+  const trace_data& t_;
+  const op_trace::liveness& l_;
+  const run_config& c_;
+  verifier check_;
+  std::vector<std::vector<std::uint32_t>> dying_;
+  std::vector<std::vector<std::size_t>> consumers_;
+  std::vector<std::uint32_t> live_outputs_;  // per op: outputs not yet released (ops with a node)
+  std::vector<void*> raw_;                   // per buffer, without an engine
+  std::vector<eviction::buffer_id> ids_;     // per buffer, with an engine
+  std::vector<bool> alive_;
+  std::vector<void*> unregistered_;          // outputs allocated but not yet handed over
+  std::shared_ptr<sim_device> sim_;
+  std::unique_ptr<device_allocator> alloc_;
+  std::optional<eviction::eviction_engine> engine_;
+  stream_ref stream_;
+  std::uint64_t eager_drops_ = 0;
+  std::uint64_t warnings_ = 0;
+  std::uint64_t last_decisions_ = 0;
+  double last_decision_ns_ = 0;
+};
+
+}  // namespace
+
+run_result replay(const trace_data& trace, const op_trace::liveness& live, const run_config& config) {
+  replayer r(trace, live, config);
+  return r.run();
+}
+
+void run_with_large_stack(const std::function<void()>& f) {
+  struct job {
+    const std::function<void()>* f;
+    std::exception_ptr error;
+  } j{&f, nullptr};
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, std::size_t{1} << 30);  // reserved, touched only as used
+  pthread_t thread;
+  const auto body = [](void* p) -> void* {
+    auto* jb = static_cast<job*>(p);
+    try {
+      (*jb->f)();
+    } catch (...) {
+      jb->error = std::current_exception();
+    }
+    return nullptr;
+  };
+  const int rc = pthread_create(&thread, &attr, body, &j);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) {
+    f();  // no thread: run here
+    return;
+  }
+  pthread_join(thread, nullptr);
+  if (j.error) std::rethrow_exception(j.error);
+}
+
+}  // namespace spillway::evsim
