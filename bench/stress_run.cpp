@@ -307,7 +307,8 @@ void stress_run::free_one(worker& w, held_block& h, bool cross_thread) {
     case free_status::freed: break;
     case free_status::deferred: w.deferred.add(); break;
     case free_status::unknown_pointer:
-    case free_status::not_live: w.bad_frees.add(); break;
+    case free_status::not_live:
+    case free_status::null_pointer: w.bad_frees.add(); break;
   }
   w.frees.add();
   if (cross_thread) w.cross_thread.add();

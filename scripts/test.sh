@@ -22,5 +22,5 @@ if [ "${1:-}" = "--sanitizers" ]; then
   run_ctest build-asan
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
   BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo scripts/setup.sh -DSPILLWAY_SANITIZE=thread
-  run_ctest build-tsan -R 'stress|thread|concurren'
+  run_ctest build-tsan
 fi

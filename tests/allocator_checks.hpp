@@ -67,13 +67,13 @@ inline void check_snapshot_invariants(const memory_snapshot& snap) {
       CHECK(b.size > 0);
       CHECK(b.size % 512 == 0);
       expected_address = b.address + b.size;
-      if (b.allocated()) {
-        allocated += b.size;
+      if (b.allocated()) allocated += b.size;
+      if (b.active()) {  // requested sizes count while a block is active, as in PyTorch
+        active += b.size;
         requested += b.requested_size;
         CHECK(b.requested_size > 0);
         CHECK(b.requested_size <= b.size);
       }
-      if (b.active()) active += b.size;
       if (!b.active()) CHECK(b.requested_size == 0);
       CHECK_FALSE((previous_free && !b.active()));  // free neighbours are always coalesced
       previous_free = !b.active();
@@ -109,12 +109,12 @@ inline snapshot_totals totals_of(const memory_snapshot& snap) {
         if (b.allocated()) {
           t.allocation[i] += 1;
           t.allocated[i] += size;
-          t.requested[i] += static_cast<std::int64_t>(b.requested_size);
         }
         if (b.active()) {
           t.active[i] += 1;
           t.active_bytes[i] += size;
-        } else if (seg.blocks.size() > 1) {  // a free block that does not span its segment
+          t.requested[i] += static_cast<std::int64_t>(b.requested_size);
+        } else if (seg.blocks.size() > 1 && !seg.is_expandable) {  // a free piece of a split segment
           t.inactive_split[i] += 1;
           t.inactive_split_bytes[i] += size;
         }

@@ -640,6 +640,8 @@ TEST_CASE_TEMPLATE("a budget below live allocations is refused; the old one stay
   CHECK(thrown);
   CHECK(alloc.budget() == 100 * MiB);
   CHECK(alloc.stats().budget == static_cast<std::int64_t>(100 * MiB));
+  // Without handlers the refusal comes first: the cached segment is still there.
+  CHECK(alloc.stats().reserved_bytes[0].current == static_cast<std::int64_t>(12 * MiB + 2 * MiB));
   CHECK(alloc.owns(live));
   CHECK(alloc.describe(live).size == 12 * MiB);
   alloc.deallocate(live);
@@ -749,6 +751,23 @@ TEST_CASE_TEMPLATE("expandable: one segment per stream and pool grows in place",
   alloc.empty_cache();
   CHECK(alloc.stats().reserved_bytes[0].current == 0);
   CHECK(alloc.stats().segment[0].current == 0);
+  check_consistent(alloc);
+}
+
+TEST_CASE_TEMPLATE("expandable: empty_cache does not synchronise for a tail under one granule", B, SPILLWAY_ALL_BACKENDS) {
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  SKIP_WITHOUT_VMM(env);
+  const std::size_t g = env.backend->vmm_granularity();
+  device_allocator alloc(env.backend, expandable_config(env));
+  void* a = alloc.allocate(g - 4096);  // leaves a free tail of 4 KiB: no whole granule
+  const std::int64_t syncs = alloc.stats().num_sync_all_streams;
+  CHECK(alloc.empty_cache() == 0);
+  CHECK(alloc.stats().num_sync_all_streams == syncs);
+  // Expandable segments never count as inactive split (PyTorch).
+  CHECK(alloc.stats().inactive_split[0].current == 0);
+  alloc.deallocate(a);
+  CHECK(alloc.empty_cache() == g);
+  CHECK(alloc.stats().num_sync_all_streams == syncs + 1);
   check_consistent(alloc);
 }
 

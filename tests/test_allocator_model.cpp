@@ -57,6 +57,7 @@ struct live_allocation {
 
 struct pending_block {
   std::size_t size = 0;
+  std::size_t requested = 0;  // still counted in requested_bytes until the block is really free
   std::vector<std::pair<int, std::uint64_t>> fences;  // (stream index, kernels queued before free)
 };
 
@@ -207,6 +208,7 @@ class model_run {
     }
     pending_block pb;
     pb.size = size;
+    pb.requested = a.requested;
     for (stream_ref u : a.uses) {
       const int ui = stream_index(u);
       pb.fences.emplace_back(ui, launched_[static_cast<std::size_t>(ui)]);
@@ -216,10 +218,11 @@ class model_run {
     if (st == free_status::deferred) {
       ++deferred_;
       pending_[address] = std::move(pb);
+    } else {
+      requested_freed_ += a.requested;  // pending frees count once they are really free
     }
     live_.erase(address);
     ++frees_;
-    requested_freed_ += a.requested;
   }
 
   void do_record_stream() {
@@ -390,12 +393,14 @@ class model_run {
                       "block " << it->first << " became free before stream " << si
                                << " finished the work queued before its free");
       }
+      requested_freed_ += it->second.requested;
       it = pending_.erase(it);
     }
 
     // Statistics against the model's own counts.
     std::size_t requested_now = 0;
     for (const auto& [address, a] : live_) requested_now += a.requested;
+    for (const auto& [address, pb] : pending_) requested_now += pb.requested;
     CHECK(st.allocation[0].current == static_cast<std::int64_t>(live_.size()));
     CHECK(st.allocation[0].allocated == static_cast<std::int64_t>(allocs_));
     CHECK(st.allocation[0].freed == static_cast<std::int64_t>(frees_));

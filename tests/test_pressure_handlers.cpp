@@ -305,6 +305,26 @@ TEST_CASE("lowering the budget asks the handlers, then releases what they freed"
   u.alloc.deallocate(u.a);
 }
 
+TEST_CASE("lowering the budget asks every handler until the shortfall is freed") {
+  under_budget u;
+  int calls_first = 0, calls_second = 0;
+  u.alloc.add_pressure_handler([&](const pressure_request&) {
+    ++calls_first;
+    return pressure_result{0, 0};  // has nothing to give
+  });
+  u.alloc.add_pressure_handler([&](const pressure_request&) {
+    ++calls_second;
+    u.alloc.deallocate(u.b);
+    return pressure_result{12 * MiB, 0};
+  });
+  const budget_report r = u.alloc.set_budget(12 * MiB);
+  CHECK(calls_first == 1);
+  CHECK(calls_second == 1);  // reached although the request's contiguous size is 0
+  CHECK(r.met());
+  CHECK(u.alloc.budget() == 12 * MiB);
+  u.alloc.deallocate(u.a);
+}
+
 TEST_CASE("handlers run concurrently from several allocating threads") {
   // Each thread's allocation is under pressure; the handler evicts victims from a shared list.
   auto env = make_sim_env();

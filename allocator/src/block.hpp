@@ -58,12 +58,9 @@ struct segment {
   bool expandable = false;
   stream_ref stream;
   block* first = nullptr;           // lowest-address block; nullptr only for an empty expandable one
+  block* tail = nullptr;            // highest-address block, kept in step by split/coalesce/grow
 
-  block* last() const noexcept {
-    block* b = first;
-    while (b != nullptr && b->next != nullptr) b = b->next;
-    return b;
-  }
+  block* last() const noexcept { return tail; }
   bool fully_free() const noexcept;
 };
 

@@ -3,9 +3,16 @@
 
 namespace spillway::detail {
 
+namespace {
+// PyTorch's inactive_split: a free piece of a split segment; expandable segments do not count.
+bool counts_as_inactive_split(const block* b) noexcept {
+  return b->is_split() && !b->seg->expandable;
+}
+}  // namespace
+
 void block_pool::insert(block* b) noexcept {
   tree_.insert(*b);
-  if (b->is_split()) {
+  if (counts_as_inactive_split(b)) {
     for (stat_type t : {stat_type::aggregate, type()}) {
       stats_.inactive_split[static_cast<int>(t)].increase(1);
       stats_.inactive_split_bytes[static_cast<int>(t)].increase(static_cast<std::int64_t>(b->size));
@@ -15,7 +22,7 @@ void block_pool::insert(block* b) noexcept {
 
 void block_pool::erase(block* b) noexcept {
   tree_.erase(tree_.iterator_to(*b));
-  if (b->is_split()) {
+  if (counts_as_inactive_split(b)) {
     for (stat_type t : {stat_type::aggregate, type()}) {
       stats_.inactive_split[static_cast<int>(t)].decrease(1);
       stats_.inactive_split_bytes[static_cast<int>(t)].decrease(static_cast<std::int64_t>(b->size));

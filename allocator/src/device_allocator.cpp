@@ -3,7 +3,7 @@
 // The allocation fast path (a cache hit) costs: one mutex lock/unlock, one rounding, one free-tree
 // lower_bound (O(log n) in the free blocks of the pool), one live-table insert, and ten counter
 // updates. A split adds one record from the arena and one tree insert. Anything else goes to
-// allocate_slow_locked (device_allocator_slow_path.cpp).
+// allocate_slow_releasing_lock (device_allocator_slow_path.cpp).
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -18,34 +18,36 @@ using detail::block_status;
 
 namespace {
 
+// allocation / allocated_bytes change when the caller allocates and frees; requested_bytes with
+// active (when the block is handed out and when it is really free again), as in PyTorch.
 void update_block_stats(memory_stats& s, const block_pool& pool, std::int64_t sign,
-                        std::int64_t size, std::int64_t requested) noexcept {
+                        std::int64_t size) noexcept {
   const int t = pool.small() ? static_cast<int>(stat_type::small_pool)
                              : static_cast<int>(stat_type::large_pool);
   for (int i : {0, t}) {
     if (sign > 0) {
       s.allocation[i].increase(1);
       s.allocated_bytes[i].increase(size);
-      s.requested_bytes[i].increase(requested);
     } else {
       s.allocation[i].decrease(1);
       s.allocated_bytes[i].decrease(size);
-      s.requested_bytes[i].decrease(requested);
     }
   }
 }
 
 void update_active_stats(memory_stats& s, const block_pool& pool, std::int64_t sign,
-                         std::int64_t size) noexcept {
+                         std::int64_t size, std::int64_t requested) noexcept {
   const int t = pool.small() ? static_cast<int>(stat_type::small_pool)
                              : static_cast<int>(stat_type::large_pool);
   for (int i : {0, t}) {
     if (sign > 0) {
       s.active[i].increase(1);
       s.active_bytes[i].increase(size);
+      s.requested_bytes[i].increase(requested);
     } else {
       s.active[i].decrease(1);
       s.active_bytes[i].decrease(size);
+      s.requested_bytes[i].decrease(requested);
     }
   }
 }
@@ -100,7 +102,7 @@ void* device_allocator::allocate(std::size_t bytes, stream_ref stream) {
 
   std::unique_lock lock(m.mutex);
   block* b = pool.best_fit(stream, rounded);  // cache hit: the smallest cached block that fits
-  if (b == nullptr) [[unlikely]] b = m.allocate_slow_locked(lock, pool, stream, rounded, bytes);
+  if (b == nullptr) [[unlikely]] b = m.allocate_slow_releasing_lock(lock, pool, stream, rounded, bytes);
   m.take_block_locked(pool, b, rounded, bytes);
   return b->ptr();
 }
@@ -119,7 +121,7 @@ void device_allocator::impl::take_block_locked(block_pool& pool, block* b, std::
     rest->seg = b->seg;
     rest->prev = b;
     rest->next = b->next;
-    if (b->next != nullptr) b->next->prev = rest;
+    if (b->next != nullptr) b->next->prev = rest; else b->seg->tail = rest;
     b->next = rest;
     b->size = rounded;
     pool.insert(rest);
@@ -127,12 +129,13 @@ void device_allocator::impl::take_block_locked(block_pool& pool, block* b, std::
   b->status = block_status::allocated;
   b->requested_size = requested;
   live.insert(b);
-  update_block_stats(stats, pool, +1, static_cast<std::int64_t>(b->size),
-                     static_cast<std::int64_t>(requested));
-  update_active_stats(stats, pool, +1, static_cast<std::int64_t>(b->size));
+  update_block_stats(stats, pool, +1, static_cast<std::int64_t>(b->size));
+  update_active_stats(stats, pool, +1, static_cast<std::int64_t>(b->size),
+                      static_cast<std::int64_t>(requested));
 }
 
 free_status device_allocator::deallocate(void* ptr) noexcept {
+  if (ptr == nullptr) return free_status::null_pointer;  // like cudaFree(nullptr): nothing to do
   impl& m = *impl_;
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   std::string message;
@@ -142,8 +145,7 @@ free_status device_allocator::deallocate(void* ptr) noexcept {
     block* b = m.live.find(address);
     if (b != nullptr) [[likely]] {
       m.live.erase(b);
-      update_block_stats(m.stats, m.pool_of(b), -1, static_cast<std::int64_t>(b->size),
-                         static_cast<std::int64_t>(b->requested_size));
+      update_block_stats(m.stats, m.pool_of(b), -1, static_cast<std::int64_t>(b->size));
       if (b->stream_uses.empty()) [[likely]] {  // only its own stream used it: reusable at once
         m.free_block_locked(b);
         return free_status::freed;
@@ -161,7 +163,8 @@ free_status device_allocator::deallocate(void* ptr) noexcept {
 // Returns a block to its pool, coalescing it with free neighbours. See Note [Block tiling].
 void device_allocator::impl::free_block_locked(block* b) noexcept {
   block_pool& pool = pool_of(b);
-  update_active_stats(stats, pool, -1, static_cast<std::int64_t>(b->size));
+  update_active_stats(stats, pool, -1, static_cast<std::int64_t>(b->size),
+                      static_cast<std::int64_t>(b->requested_size));
   b->status = block_status::free;
   b->requested_size = 0;
   b->stream_uses.clear();
@@ -178,7 +181,7 @@ void device_allocator::impl::free_block_locked(block* b) noexcept {
     pool.erase(n);
     b->size += n->size;
     b->next = n->next;
-    if (b->next != nullptr) b->next->prev = b;
+    if (b->next != nullptr) b->next->prev = b; else b->seg->tail = b;
     block_records.recycle(n);
   }
   pool.insert(b);
@@ -286,7 +289,7 @@ bool device_allocator::owns(const void* ptr) const noexcept {
 
 budget_report device_allocator::set_budget(std::size_t bytes) {
   std::unique_lock lock(impl_->mutex);
-  return impl_->set_budget_locked(lock, bytes, /*strict=*/true);
+  return impl_->set_budget_releasing_lock(lock, bytes, /*strict=*/true);
 }
 
 std::size_t device_allocator::budget() const noexcept {
@@ -324,7 +327,7 @@ scoped_budget::~scoped_budget() {
   device_allocator::impl& m = *allocator_.impl_;
   std::unique_lock lock(m.mutex);
   try {
-    const budget_report r = m.set_budget_locked(lock, previous_, /*strict=*/false);
+    const budget_report r = m.set_budget_releasing_lock(lock, previous_, /*strict=*/false);
     if (!r.met()) {
       m.warn("spillway: restoring the budget of " + format_bytes(previous_) + " on device " +
              std::to_string(m.device) + " left " + format_bytes(r.shortfall) +

@@ -74,7 +74,7 @@ struct device_allocator::impl {
   }
 
   // --- the memory pressure path (device_allocator_slow_path.cpp) --------------------------------
-  detail::block* allocate_slow_locked(std::unique_lock<std::mutex>& lock, detail::block_pool& pool,
+  detail::block* allocate_slow_releasing_lock(std::unique_lock<std::mutex>& lock, detail::block_pool& pool,
                                       stream_ref stream, std::size_t rounded, std::size_t requested);
   std::size_t reap_completed_events_locked();
   bool await_pending_frees_locked(bool all = false);
@@ -90,7 +90,7 @@ struct device_allocator::impl {
   std::size_t release_cached_locked();
   void release_segment_locked(detail::segment* seg) noexcept;
   std::size_t unmap_free_tail_locked(detail::segment* seg) noexcept;
-  budget_report set_budget_locked(std::unique_lock<std::mutex>& lock, std::size_t bytes,
+  budget_report set_budget_releasing_lock(std::unique_lock<std::mutex>& lock, std::size_t bytes,
                                   bool strict);
   bool fits_budget_locked(std::size_t more) const noexcept {
     return more <= budget && reserved_locked() <= budget - more;

@@ -49,11 +49,7 @@ free_status device_allocator::impl::classify_invalid_free_locked(std::uintptr_t 
               format_bytes(seg->size) + " segment at " + hex(seg->address) + "; ignored";
     return free_status::not_live;
   }
-  if (address == 0) {
-    message = where + "null pointer; ignored";
-  } else {
-    message = where + "unknown pointer, not allocated by spillway on this device; ignored";
-  }
+  message = where + "unknown pointer, not allocated by spillway on this device; ignored";
   return free_status::unknown_pointer;
 }
 
@@ -119,11 +115,11 @@ memory_snapshot device_allocator::snapshot() const {
       bi.state = b->status == block_status::free        ? block_state::inactive
                  : b->status == block_status::allocated ? block_state::active_allocated
                                                         : block_state::active_pending_free;
-      if (bi.allocated()) {
-        info.allocated_size += b->size;
+      if (bi.allocated()) info.allocated_size += b->size;
+      if (bi.active()) {  // PyTorch sums requested sizes over active blocks
+        info.active_size += b->size;
         info.requested_size += b->requested_size;
       }
-      if (bi.active()) info.active_size += b->size;
       info.blocks.push_back(bi);
     }
     snap.segments.push_back(std::move(info));

@@ -14,6 +14,7 @@
 // Releasing cached segments comes after eviction because it synchronises the device (like
 // cudaFree), while eviction is stream-ordered and asynchronous.
 #include <algorithm>
+#include <exception>
 #include <sstream>
 
 #include "device_allocator_impl.hpp"
@@ -27,9 +28,22 @@ using detail::segment;
 
 namespace {
 constexpr int max_pressure_rounds = 8;  // handler calls per allocation before moving on
+
+// Runs `undo` when a reservation step leaves by an exception (a device_error from the backend),
+// so that records and address ranges taken so far are given back.
+template <class F>
+struct undo_on_throw {
+  F undo;
+  int exceptions = std::uncaught_exceptions();
+  ~undo_on_throw() {
+    if (std::uncaught_exceptions() > exceptions) undo();
+  }
+};
+template <class F>
+undo_on_throw(F) -> undo_on_throw<F>;
 }
 
-block* device_allocator::impl::allocate_slow_locked(std::unique_lock<std::mutex>& lock,
+block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std::mutex>& lock,
                                                     block_pool& pool, stream_ref stream,
                                                     std::size_t rounded, std::size_t requested) {
   // Step 1: cross-stream frees whose events have completed.
@@ -135,29 +149,30 @@ block* device_allocator::impl::reserve_segment_locked(block_pool& pool, stream_r
 
   segment* seg = segment_records.make();
   block* b = block_records.make();
-  void* base = backend->reserve_segment(size);
-  if (base == nullptr && size != size_classes::min_segment_size(rounded)) {
-    size = size_classes::min_segment_size(rounded);  // the device is nearly full: ask for less
+  void* base = nullptr;
+  {
+    undo_on_throw guard{[&] {
+      if (base != nullptr) backend->release_segment(base, size);
+      block_records.recycle(b);
+      segment_records.recycle(seg);
+    }};
     base = backend->reserve_segment(size);
-  }
-  if (base == nullptr) {
-    block_records.recycle(b);
-    segment_records.recycle(seg);
-    return nullptr;
-  }
-  seg->address = reinterpret_cast<std::uintptr_t>(base);
-  try {
+    if (base == nullptr && size != size_classes::min_segment_size(rounded)) {
+      size = size_classes::min_segment_size(rounded);  // the device is nearly full: ask for less
+      base = backend->reserve_segment(size);
+    }
+    if (base == nullptr) {
+      block_records.recycle(b);
+      segment_records.recycle(seg);
+      return nullptr;
+    }
+    seg->address = reinterpret_cast<std::uintptr_t>(base);
     segments_by_address.emplace(seg->address, seg);
-  } catch (...) {
-    backend->release_segment(base, size);
-    block_records.recycle(b);
-    segment_records.recycle(seg);
-    throw;
   }
   seg->size = seg->address_range = size;
   seg->small = pool.small();
   seg->stream = stream;
-  seg->first = b;
+  seg->first = seg->tail = b;
   b->address = seg->address;
   b->size = size;
   b->stream = stream;
@@ -205,14 +220,19 @@ block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_r
   // Records first: they are the steps that can throw, and nothing has happened yet.
   block* fresh = have > 0 ? nullptr : block_records.make();
   segment* created = seg == nullptr ? segment_records.make() : nullptr;
-  const auto give_back_records = [&] {
+  void* base = nullptr;     // a newly reserved range
+  bool mapped = false;
+  const auto give_back = [&] {  // on nullptr and on a device_error alike
+    if (mapped) backend->unmap_physical(reinterpret_cast<void*>(seg->address + seg->size), grow);
+    if (base != nullptr) backend->release_address_range(base, range);
     if (fresh != nullptr) block_records.recycle(fresh);
     if (created != nullptr) segment_records.recycle(created);
   };
+  undo_on_throw guard{give_back};
   if (created != nullptr) {
-    void* base = backend->reserve_address_range(range);
+    base = backend->reserve_address_range(range);
     if (base == nullptr) {
-      give_back_records();
+      give_back();
       return nullptr;
     }
     created->address = reinterpret_cast<std::uintptr_t>(base);
@@ -222,21 +242,13 @@ block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_r
     created->stream = stream;
     seg = created;
   }
-  void* const seg_base = reinterpret_cast<void*>(seg->address);
-  if (!backend->map_physical(static_cast<char*>(seg_base) + seg->size, grow)) {
-    if (created != nullptr) backend->release_address_range(seg_base, range);
-    give_back_records();
+  mapped = backend->map_physical(reinterpret_cast<void*>(seg->address + seg->size), grow);
+  if (!mapped) {
+    give_back();
     return nullptr;
   }
   if (created != nullptr) {  // mapped: now it is a segment of this allocator
-    try {
-      segments_by_address.emplace(seg->address, seg);
-    } catch (...) {
-      backend->unmap_physical(seg_base, grow);
-      backend->release_address_range(seg_base, range);
-      give_back_records();
-      throw;
-    }
+    segments_by_address.emplace(seg->address, seg);
     segments.push_back(*seg);
     for (int i : {0, pool.small() ? 1 : 2}) stats.segment[i].increase(1);
   }
@@ -254,6 +266,7 @@ block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_r
   fresh->seg = seg;
   fresh->prev = tail;
   if (tail != nullptr) tail->next = fresh; else seg->first = fresh;
+  seg->tail = fresh;
   seg->size += grow;
   pool.insert(fresh);
   return fresh;
@@ -283,6 +296,8 @@ pressure_result device_allocator::impl::run_pressure_handlers_releasing_lock(
   lock.unlock();
   pressure_result total;
   std::string failure;
+  // Enough: the contiguous size wanted, or (a budget being lowered) the bytes over it.
+  const std::size_t goal = request.bytes != 0 ? request.bytes : request.shortfall;
   for (auto& [id, handler] : snapshot) {
     try {
       const pressure_result r = (*handler)(request);
@@ -290,10 +305,12 @@ pressure_result device_allocator::impl::run_pressure_handlers_releasing_lock(
       total.pinned += r.pinned;
     } catch (const std::exception& e) {
       failure = e.what();
+    } catch (...) {
+      failure = "an exception that is not a std::exception";
     }
-    if (total.freed >= request.bytes) break;
+    if (goal != 0 && total.freed >= goal) break;
   }
-  // Reported before the lock is taken again: on_warning is the user's code and may call back.
+  // Reported before the lock is taken again: the fewer user callbacks under the lock, the better.
   if (!failure.empty()) warn("spillway: a pressure handler failed and was skipped: " + failure);
   lock.lock();
   stats.pressure_handler_freed_bytes += static_cast<std::int64_t>(total.freed);
@@ -309,15 +326,16 @@ std::size_t device_allocator::impl::release_cached_locked() {
   // does: the release synchronises the device anyway, and a block that becomes free may make its
   // segment free. A stream that cannot be waited for (a held sim stream) keeps its blocks pending.
   if (pending_count > 0) await_pending_frees_locked(/*all=*/true);
-  bool any = false;
-  for (const segment& s : segments) {
-    block* tail = s.last();
-    if (s.fully_free() || (s.expandable && (tail == nullptr || tail->status == block_status::free))) {
-      any = true;
-      break;
-    }
-  }
-  if (!any) return 0;
+  // Synchronise only if something will be released: a whole free segment, an empty expandable
+  // range, or a free expandable tail holding at least one whole granule.
+  const auto releasable = [this](const segment& s) {
+    if (!s.expandable) return s.fully_free();
+    const block* tail = s.last();
+    return tail == nullptr || (tail->status == block_status::free &&
+                               size_classes::round_up(tail->address, granularity) <
+                                   s.address + s.size);
+  };
+  if (std::none_of(segments.begin(), segments.end(), releasable)) return 0;
   try {
     backend->synchronize_device();  // queued work may still touch free blocks of their own stream
     ++stats.num_sync_all_streams;
@@ -373,6 +391,7 @@ std::size_t device_allocator::impl::unmap_free_tail_locked(segment* seg) noexcep
       seg->size = cut - seg->address;
       if (cut == tail->address) {
         if (tail->prev != nullptr) tail->prev->next = nullptr; else seg->first = nullptr;
+        seg->tail = tail->prev;
         block_records.recycle(tail);
       } else {
         tail->size = cut - tail->address;
@@ -386,13 +405,25 @@ std::size_t device_allocator::impl::unmap_free_tail_locked(segment* seg) noexcep
 
 // --- budgets -----------------------------------------------------------------------------------------
 
-budget_report device_allocator::impl::set_budget_locked(std::unique_lock<std::mutex>& lock,
+budget_report device_allocator::impl::set_budget_releasing_lock(std::unique_lock<std::mutex>& lock,
                                                         std::size_t bytes, bool strict) {
   if (bytes == 0) {
     throw invalid_argument("spillway: set_budget(0) on device " + std::to_string(device) +
                            ": a budget must be at least 1 byte (unlimited_budget for none)");
   }
   budget_report report;
+  const auto refuse = [&] {
+    std::ostringstream m;
+    m << "spillway: set_budget(" << format_bytes(bytes) << ") on device " << device
+      << ": the budget is below the " << format_bytes(allocated_locked())
+      << " held by live allocations" << (handlers.empty() ? "" : " that could not be evicted")
+      << "; the budget stays "
+      << (budget == unlimited_budget ? std::string("unlimited") : format_bytes(budget));
+    if (report.released > 0) m << " (" << format_bytes(report.released) << " of cache was released)";
+    throw invalid_argument(m.str());
+  };
+  // Without handlers nothing can evict: refuse before touching anything.
+  if (strict && handlers.empty() && allocated_locked() > bytes) refuse();
   if (reserved_locked() > bytes) {
     // Over the new budget: trim the cache, ask the handlers, trim again.
     reap_completed_events_locked();
@@ -407,15 +438,8 @@ budget_report device_allocator::impl::set_budget_locked(std::unique_lock<std::mu
       if (pending_count > 0) await_pending_frees_locked();
       report.released += release_cached_locked();
     }
-    if (strict && allocated_locked() > bytes) {
-      std::ostringstream m;
-      m << "spillway: set_budget(" << format_bytes(bytes) << ") on device " << device
-        << ": the budget is below the " << format_bytes(allocated_locked())
-        << " held by live allocations that could not be evicted; the budget stays "
-        << (budget == unlimited_budget ? std::string("unlimited") : format_bytes(budget))
-        << " (" << format_bytes(report.released) << " of cached memory was released)";
-      throw invalid_argument(m.str());
-    }
+    // Handlers evicted what they could; evicted data is not lost (spilled or recomputable).
+    if (strict && allocated_locked() > bytes) refuse();
   }
   budget = bytes;
   stats.budget = bytes == unlimited_budget ? -1 : static_cast<std::int64_t>(bytes);

@@ -1,8 +1,7 @@
 // allocator_config: everything a device_allocator is told at construction.
 //
 // The core reads no environment variables and keeps no global state: SPILLWAY_CONF-style strings
-// are parsed at the edges (tools, the torch plugin, the preload shim) by parse_config
-// (config_string.hpp) into this struct.
+// are parsed at the edges (tools, the torch plugin, the preload shim) into this struct.
 #pragma once
 
 #include <cstddef>

@@ -5,7 +5,8 @@
 //   It throws invalid_argument for bytes == 0 or bytes > size_classes::max_request_size, and
 //   out_of_memory when the request cannot fit within the budget and the device after the whole
 //   pressure path: reuse -> reap finished events -> reserve -> pressure handlers -> release cached
-//   segments -> fail (Note [Memory pressure path]). After out_of_memory nothing has changed.
+//   segments -> fail (Note [Memory pressure path]). After out_of_memory no live allocation has
+//   changed (cached memory may have been released, and pressure handlers may have evicted).
 // - deallocate(ptr) is noexcept. A block returns to its pool at once when only its own stream used
 //   it; when record_stream added other streams, it returns once an event recorded on each of them
 //   has completed (Note [Cross-stream frees]). There is no device-wide synchronisation.
@@ -13,11 +14,14 @@
 //   memory_stats::num_invalid_frees, and changes nothing; the status says which case it was.
 // - The budget caps reserved (physical) bytes. Lowering it releases cached memory first, then asks
 //   the pressure handlers; a budget below the bytes in live allocations that cannot be evicted is
-//   refused with invalid_argument and leaves the old budget in force.
+//   refused with invalid_argument and leaves the old budget in force (without handlers the refusal
+//   comes before anything is released).
+// - Backend calls (event queries, synchronisation) are made with the device lock held: work they
+//   run (a simulated kernel's effect) and config.on_warning must not call back into the allocator.
 // - Every public method takes the device lock (one std::mutex); pressure handlers run without it.
 //
 // The allocation fast path (a cache hit) is: lock, round, one tree lookup, one hash insert,
-// statistics, unlock. Everything else lives in the slow path (device_allocator.cpp).
+// statistics, unlock. Everything else lives in the slow path (device_allocator_slow_path.cpp).
 #pragma once
 
 #include <cstddef>
@@ -37,6 +41,7 @@ enum class free_status {
   deferred,          // waits on events of other streams
   unknown_pointer,   // not in any segment of this allocator
   not_live,          // inside a segment but not a live allocation: already freed, or not a block start
+  null_pointer,      // nullptr: nothing to free (like cudaFree(nullptr)); neither counted nor reported
 };
 
 struct budget_report {
@@ -83,7 +88,7 @@ class device_allocator {
   budget_report set_budget(std::size_t bytes);
   std::size_t budget() const noexcept;
 
-  std::size_t empty_cache();  // releases every free segment (and unmaps free expandable pages)
+  std::size_t empty_cache();  // releases every free segment and the free tails of expandable ones
   memory_stats stats() const;
   void reset_peak_stats();
   void reset_accumulated_stats();

@@ -4,9 +4,10 @@
 //   every step of the pressure path (Note [Memory pressure path] in docs/design.md). It is an
 //   expected event: the allocator's state is intact and the caller may free memory and retry.
 // - invalid_argument: bad input (size 0, an unknown pointer, an invalid device, ...). The message
-//   names the value and what was expected; nothing was changed.
+//   names the value and what was expected; no allocation was changed.
 // - device_error: the device or driver failed in a way that is not lack of memory.
-// - logic_error (std): misuse of an object's protocol (for example a budget scope unwound out of order).
+// - logic_error (std): misuse of an object's protocol (for example synchronising on a held
+//   simulated stream, or a lineage cycle in the eviction engine).
 #pragma once
 
 #include <cstddef>
