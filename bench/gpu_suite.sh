@@ -19,8 +19,8 @@
 #   BUILD_TYPE           CMake build type (default Release: benchmark numbers)
 #   JOBS                 build parallelism (default nproc)
 #   SPILLWAY_BENCHES     space-separated benchmark names to run, in order; a name that was not
-#                        built is recorded as missing and skipped. Default: every executable
-#                        directly under <build>/bench.
+#                        built is recorded as missing and skipped. Default: the GPU tools,
+#                        spillway-alloc-bench, spillway-stress and spillway-replay.
 #   SPILLWAY_BENCH_ARGS  extra arguments for every benchmark (e.g. "--smoke")
 #   BENCH_TIMEOUT        seconds per benchmark (default 600)
 #   SPILLWAY_COMMIT      the commit to record when the tree has no .git
@@ -115,12 +115,11 @@ if [[ $configured -eq 0 ]]; then
 fi
 
 # --- benchmarks -------------------------------------------------------------------------------------
-benches=()
+# The tools that measure the GPU (--device cuda). The others (policy bench, eviction simulator,
+# trace generators) run on the CPU and the simulated device, and belong to the CPU suite.
+benches=(spillway-alloc-bench spillway-stress spillway-replay)
 if [[ -n ${SPILLWAY_BENCHES:-} ]]; then
   read -r -a benches <<< "$SPILLWAY_BENCHES"
-elif [[ -d $build/bench ]]; then
-  while IFS= read -r f; do benches+=("$(basename "$f")"); done \
-    < <(find "$build/bench" -maxdepth 1 -type f -executable | sort)
 fi
 missing=()
 ran=()
