@@ -357,3 +357,53 @@ TEST_CASE("set_lineage moves a buffer to a new producer; the old node retires") 
   p.reset();
   env.check_clean();
 }
+
+TEST_CASE("a compute that throws fails pin with its exception; the buffers stay as they were") {
+  engine_env env;
+  lineage_graph g(env);
+  const buffer_id s = g.source(8 * KiB);
+  const buffer_id a = g.node({s}, {8 * KiB})[0];
+  env.sim->run_until_idle();
+  // b = flaky(a), registered as computed; its compute throws while `fail` is set.
+  auto fail = std::make_shared<bool>(true);
+  auto runs = std::make_shared<std::atomic<std::uint64_t>>(0);
+  const eviction::compute_fn inner = g.kernel("flaky", 5, {a}, {8 * KiB, 4 * KiB}, runs);
+  lineage_node flaky;
+  flaky.name = "flaky";
+  flaky.inputs = {a};
+  flaky.output_count = 2;
+  flaky.compute = [fail, inner](std::span<void* const> in, std::span<void* const> out, stream_ref st) {
+    if (*fail) throw std::runtime_error("flaky: the kernel launch failed");
+    inner(in, out, st);
+  };
+  const node_id n = env.eng().add_node(flaky);
+  void* pb = env.alloc->allocate(8 * KiB);
+  void* pc = env.alloc->allocate(4 * KiB);
+  {
+    pinned_buffer in = env.eng().pin(a);
+    void* ins[] = {in.get()};
+    void* outs[] = {pb, pc};
+    inner(ins, outs, {});
+  }
+  const buffer_id b = env.eng().register_buffer(pb, 8 * KiB, {}, {.producer = n, .output_index = 0});
+  const buffer_id c = env.eng().register_buffer(pc, 4 * KiB, {}, {.producer = n, .output_index = 1});
+  env.sim->run_until_idle();
+  const std::uint64_t sum_b = checksum(pb, 8 * KiB);
+  drop(env.eng(), a);
+  drop(env.eng(), b);  // c stays resident: it is written to scratch
+  const std::size_t allocated = env.allocated_bytes();
+
+  CHECK_THROWS_WITH_AS((void)env.eng().pin(b), "flaky: the kernel launch failed", std::runtime_error);
+  CHECK(env.eng().state(b) == buffer_state::dropped);
+  CHECK(env.eng().state(c) == buffer_state::resident);
+  CHECK(env.eng().stats().pinned_bytes == 0);
+  CHECK(env.allocated_bytes() == allocated + 8 * KiB);  // a was rematerialised first, and stays
+  CHECK(env.eng().evict(c));  // c is a candidate again, not left out of the set
+
+  *fail = false;
+  pinned_buffer p = env.eng().pin(b);
+  env.sim->synchronize_stream({});
+  CHECK(checksum(p.get(), 8 * KiB) == sum_b);
+  p.reset();
+  env.check_clean();
+}

@@ -439,3 +439,29 @@ TEST_CASE("a failed restore surfaces from pin; the buffer stays spilled and is p
     env.check_clean();
   }
 }
+
+TEST_CASE("destroying the engine with copies in flight and a held stream frees everything") {
+  engine_options o;
+  o.streams = 1;
+  engine_env env(o);
+  lineage_graph g(env);
+  const stream_ref s = env.stream();
+  std::vector<buffer_id> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(g.source(32 * KiB, s));
+  const buffer_id y = g.node({ids[0]}, {32 * KiB}, s)[0];
+  env.sim->run_until_idle();
+  spill_and_wait(env, ids[1]);
+  env.sim->hold(s);
+  REQUIRE(env.eng().evict(ids[2], eviction_mode::spill));  // spilling, its copy held back
+  env.eng().prefetch(ids[1]);                               // restoring, behind the hold
+  REQUIRE(env.eng().evict(y, eviction_mode::drop));
+  REQUIRE(env.eng().evict(ids[3], eviction_mode::spill));
+  env.eng().forget(ids[4]);
+  env.engine.reset();
+  env.sim->release(s);
+  env.sim->run_until_idle();
+  env.alloc->empty_cache();  // reaps the frees that waited on the copies
+  CHECK(env.allocated_bytes() == 0);
+  CHECK(env.alloc->stats().reserved_bytes[0].current == 0);
+  for (const std::string& w : env.warnings.messages()) CHECK_MESSAGE(!contains(w, "live"), w);
+}
