@@ -114,6 +114,16 @@ TEST_CASE("pins: unpin without a pin, forget or evict while pinned") {
   f.check_bytes();
 }
 
+TEST_CASE("pin(id, use) with a stream the device does not know: refused, not left pinned") {
+  fixture f;
+  eviction_engine& e = f.env.eng();
+  const stream_ref bogus{999};
+  const auto before = f.take();
+  CHECK_THROWS_WITH_AS((void)e.pin(f.a, bogus), doctest::Contains("999"), invalid_argument);
+  f.check_unchanged(before);
+  f.check_bytes();
+}
+
 TEST_CASE("ids: unknown, zero, forgotten, and forgotten with the slot reused") {
   fixture f;
   eviction_engine& e = f.env.eng();

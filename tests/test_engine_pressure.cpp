@@ -175,6 +175,33 @@ TEST_CASE("every policy: lowering the budget asks the engine to evict") {
   }
 }
 
+TEST_CASE("allow_spill = false drops only; allow_drop = false spills only") {
+  for (const bool spill : {false, true}) {
+    CAPTURE(spill);
+    engine_options o = workload::options("dtr-frag");
+    o.engine.allow_spill = spill;
+    o.engine.allow_drop = !spill;
+    engine_env env(o);
+    lineage_graph g(env);
+    std::vector<buffer_id> sources, outs;
+    for (int i = 0; i < 4; ++i) sources.push_back(g.source(64 * KiB));
+    for (int i = 0; i < 16; ++i) outs.push_back(g.node({sources[i % 4]}, {64 * KiB})[0]);
+    env.sim->run_until_idle();
+    CHECK(env.eng().evict(outs[0], eviction_mode::drop) == !spill);
+    CHECK(env.eng().evict(outs[1], eviction_mode::spill) == spill);
+    CHECK(env.eng().evict(sources[0]) == spill);  // no lineage: only a spill can evict it
+    void* big = env.alloc->allocate(MiB);  // over budget: evictions of the allowed kind
+    const auto st = env.eng().stats();
+    CHECK(st.evictions > 3);
+    CHECK((spill ? st.drops : st.spills) == 0);
+    env.alloc->deallocate(big);
+    for (buffer_id id : sources) g.expect(id);
+    for (buffer_id id : outs) g.expect(id);
+    env.sim->run_until_idle();
+    env.check_clean();
+  }
+}
+
 // Eight buffers tiling one 20 MiB segment, big (3 MiB) and small (2 MiB) in turn, the big ones the
 // least recently used: a 5 MiB request is served by one big buffer and a small neighbour.
 struct layout_result {
