@@ -15,7 +15,10 @@
 //   If no pinned host memory is available the engine drops (where lineage exists) or picks
 //   another victim; it never loses data.
 // - Recompute is recursive: dropped inputs are rematerialised first and stay pinned while the node
-//   runs. Cycles and runaway recursion fail with invalid_argument / logic_error naming the nodes.
+//   runs (planned first, then run node after node: no stack per level). Cycles and lineage deeper
+//   than max_recompute_depth fail with std::logic_error naming the nodes, before anything changes.
+// - Work queued on the stream given to pin(id, use) is ordered with the buffer's own: its block is
+//   not freed or reused, nor spilled, before that work has run.
 // - Errors: misuse (unknown or forgotten id, unpin without pin, forget while pinned, registering a
 //   pointer the allocator does not own) is spillway::invalid_argument naming the id or pointer;
 //   out_of_memory passes through from the allocator, naming the pinned bytes.
