@@ -6,7 +6,8 @@
 //   1. reap_completed_events      cross-stream frees whose events completed become reusable
 //   2. reserve                    a new segment (or more pages of the expandable one) within budget
 //   3. pressure handlers          the eviction engine frees activations (lock released), and
-//                                 frees that wait on copy events are awaited
+//                                 frees that wait on copy events are awaited; segments the
+//                                 evictions emptied are released before the next round
 //   4. release_cached             frees pending on other streams are awaited; every free segment
 //                                 goes back to the device, then reserve again
 //   5. fail                       out_of_memory, with the numbers that explain it
@@ -65,6 +66,11 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
     if (block* b = reserve_locked(pool, stream, rounded)) return b;
     if (pending_count > 0 && await_pending_frees_locked()) {
       if (block* b = pool.best_fit(stream, rounded)) return b;
+      if (block* b = reserve_locked(pool, stream, rounded)) return b;
+    }
+    // Evictions that emptied whole segments (of another pool or stream, or too small) serve this
+    // request only once those are given back: do that before evicting more.
+    if (r.freed > 0 && release_cached_locked() > 0) {
       if (block* b = reserve_locked(pool, stream, rounded)) return b;
     }
     if (r.freed == 0) break;
