@@ -265,6 +265,15 @@ class lineage_graph {
           if (checksum(in_ptrs[j], in_bytes[j]) != in_sums[j]) {
             log.fail(name + ": input " + std::to_string(j) + " was wrong when the node ran");
           }
+          // An input evicted while the node was being set up could lend its block to an output.
+          const auto* in_lo = static_cast<const char*>(in_ptrs[j]);
+          for (std::size_t k = 0; k < out_ptrs.size(); ++k) {
+            const auto* out_lo = static_cast<const char*>(out_ptrs[k]);
+            if (in_lo < out_lo + out_words[k] * 8 && out_lo < in_lo + in_bytes[j]) {
+              log.fail(name + ": input " + std::to_string(j) + " overlaps output " +
+                       std::to_string(k));
+            }
+          }
         }
         std::vector<const std::uint64_t*> ins;
         std::vector<std::uint64_t*> outs;

@@ -108,6 +108,35 @@ TEST_CASE("rematerialising under a tight budget evicts others, never the inputs 
   }
 }
 
+TEST_CASE("the inputs of a recompute stay pinned: with nothing else to evict, pin fails instead") {
+  // A 2 MiB budget, full: x (the input), two pinned fillers and a raw allocation. y = f(x) is
+  // dropped; recomputing it needs 512 KiB, and the only unpinned buffer is x, which y reads.
+  engine_options o;
+  o.budget = 2 * MiB;
+  engine_env env(o);
+  lineage_graph g(env);
+  const buffer_id x = g.source(512 * KiB);
+  const buffer_id y = g.node({x}, {512 * KiB})[0];
+  const buffer_id f1 = g.source(512 * KiB);
+  env.sim->run_until_idle();
+  drop(env.eng(), y);
+  const buffer_id f2 = g.source(512 * KiB);
+  pinned_buffer hold1 = env.eng().pin(f1);
+  pinned_buffer hold2 = env.eng().pin(f2);
+  void* raw = env.alloc->allocate(512 * KiB);
+  env.sim->run_until_idle();
+
+  CHECK_THROWS_AS((void)env.eng().pin(y), out_of_memory);
+  CHECK(env.eng().state(x) == buffer_state::resident);
+  CHECK(env.eng().state(y) == buffer_state::dropped);
+  CHECK(env.eng().stats().evictions == 1);  // only the drop above
+  env.alloc->deallocate(raw);
+  g.expect(y);
+  g.expect(x);
+  env.sim->run_until_idle();
+  env.check_clean();
+}
+
 TEST_CASE("a multi-output node: pinning one dropped output restores all in one run") {
   engine_env env;
   lineage_graph g(env);

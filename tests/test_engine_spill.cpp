@@ -76,6 +76,20 @@ TEST_CASE("a spilled block is not reused while its copy waits behind the buffer'
   CHECK(env.log.checks() == 1);
 }
 
+TEST_CASE("a spill copies what the buffer's stream wrote before it, however long that takes") {
+  engine_env env;
+  lineage_graph g(env, 1'000'000);  // kernels of 1 ms: the fill ends long after a copy would
+  const stream_ref s = env.stream();
+  const buffer_id a = g.source(64 * KiB, s);  // its fill kernel is still running
+  REQUIRE(env.eng().evict(a, eviction_mode::spill));
+  env.sim->run_until_idle();
+  REQUIRE(env.eng().state(a) == buffer_state::spilled);
+  g.expect(a);
+  env.sim->run_until_idle();
+  CHECK(env.log.checks() == 1);
+  env.check_clean();
+}
+
 TEST_CASE("a pin while the spill's copy is in flight waits for it") {
   engine_options o;
   o.d2h_bandwidth = 1e6;  // 64 KiB take 65 ms of simulated time
