@@ -1,5 +1,6 @@
 // engine.cpp: the eviction engine's public API — registration, lineage, pins, forget, queries.
 // The state machine is Note [Eviction state machine] in docs/eviction.md.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -119,7 +120,11 @@ node_id eviction_engine::add_node(lineage_node desc) {
   std::vector<buffer_entry*> inputs;
   inputs.reserve(desc.inputs.size());
   for (buffer_id in : desc.inputs) inputs.push_back(&m.lookup_locked(in, "add_node input"));
-  for (buffer_entry* in : inputs) in->consumers.reserve(in->consumers.size() + 1);
+  for (buffer_entry* in : inputs) {  // room for the push below; geometric, or it turns quadratic
+    if (in->consumers.size() == in->consumers.capacity()) {
+      in->consumers.reserve(std::max<std::size_t>(4, 2 * in->consumers.size()));
+    }
+  }
   std::uint64_t id = 0;
   node_entry* n = m.nodes.make(id);
   n->id = id;
@@ -168,7 +173,15 @@ void eviction_engine::impl::retire_node_locked(node_entry& n) noexcept {
   std::vector<buffer_entry*> inputs = std::move(n.inputs);
   nodes.recycle(n.id);
   for (buffer_entry* in : inputs) {
-    std::erase(in->consumers, &n);
+    // Swap-and-pop: order does not matter, and the most recent reader is usually at the back.
+    auto& readers = in->consumers;
+    for (std::size_t i = readers.size(); i-- > 0;) {
+      if (readers[i] == &n) {
+        readers[i] = readers.back();
+        readers.pop_back();
+        break;
+      }
+    }
     if (in->consumers.empty() && !in->user_owned) release_entry_locked(*in);
   }
 }

@@ -206,16 +206,22 @@ std::shared_ptr<detail::dtr_class> eviction_engine::impl::class_root(
 // The summed cost of the distinct dropped classes next to e: its producer's inputs and the
 // outputs of the nodes that consume it.
 double eviction_engine::impl::neighbourhood_cost_locked(const buffer_entry& e) const {
+  // A read-only walk on raw pointers: this runs for every sampled candidate of every decision,
+  // so no shared_ptr copies (atomic counts) and no path compression here.
+  const auto root_of = [](const detail::dtr_class* c) {
+    while (c->parent != nullptr) c = c->parent.get();
+    return c;
+  };
   const detail::dtr_class* seen[8];
   std::size_t n_seen = 0;
   double cost = 0;
-  const auto add = [&](buffer_entry* n) {
+  const auto add = [&](const buffer_entry* n) {
     if (n == nullptr || n->state != buffer_state::dropped || n->dtr == nullptr) return;
-    const std::shared_ptr<detail::dtr_class> root = class_root(n->dtr);
+    const detail::dtr_class* root = root_of(n->dtr.get());
     for (std::size_t i = 0; i < n_seen; ++i) {
-      if (seen[i] == root.get()) return;
+      if (seen[i] == root) return;
     }
-    if (n_seen < 8) seen[n_seen++] = root.get();
+    if (n_seen < 8) seen[n_seen++] = root;
     cost += root->cost_ns;
   };
   if (e.producer != nullptr) {
