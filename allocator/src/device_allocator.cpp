@@ -287,6 +287,11 @@ bool device_allocator::owns(const void* ptr) const noexcept {
   return impl_->live.find(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
 }
 
+bool device_allocator::holds(const void* ptr) const noexcept {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->segment_containing_locked(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
+}
+
 budget_report device_allocator::set_budget(std::size_t bytes) {
   std::unique_lock lock(impl_->mutex);
   return impl_->set_budget_releasing_lock(lock, bytes, /*strict=*/true);

@@ -78,6 +78,10 @@ class device_allocator {
   void record_stream(void* ptr, stream_ref stream);
 
   bool owns(const void* ptr) const noexcept;  // ptr is a live allocation of this allocator
+  // ptr lies in memory this allocator holds from the device (a segment or an expandable address
+  // range), live or not. Edges that route frees between spillway and another allocator (the
+  // preload shim) use it so that a stale pointer into spillway's memory never reaches the other.
+  bool holds(const void* ptr) const noexcept;
   allocation_info describe(const void* ptr) const;  // throws invalid_argument if not live
 
   // The size of the free range that deallocating `ptr` would coalesce into once every pending free
