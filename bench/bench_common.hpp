@@ -1,6 +1,7 @@
 // bench_common: what every spillway tool and benchmark shares.
 //
-// - parse_bytes("4GiB") / format via spillway::format_bytes: sizes on command lines.
+// - parse_bytes("4GiB") (torch_plugin/byte_size.hpp, shared with SPILLWAY_CONF) / format via
+//   spillway::format_bytes: sizes on command lines.
 // - make_backend("sim" | "cuda" | "auto", ...): the device a tool runs on. "auto" picks CUDA when a
 //   GPU is usable and the simulated device otherwise, and says which in backend_choice::why.
 // - json_writer: a tiny streaming JSON writer for --json output (no dependency).
@@ -17,14 +18,15 @@
 #include <string>
 #include <vector>
 
+#include "byte_size.hpp"
 #include "spillway/device_backend.hpp"
 #include "spillway/sim_device.hpp"
 
 namespace spillway::bench {
 
-// "123", "4KiB", "1.5GiB", "2MB" (decimal), "4k" -> bytes. Throws spillway::invalid_argument naming
-// the text and the accepted forms.
-std::size_t parse_bytes(const std::string& text);
+// "123", "4KiB", "1.5GiB", "2MB" (decimal), "4k", "1e9" -> bytes. Throws spillway::invalid_argument
+// naming the text and the accepted forms.
+using spillway::parse_bytes;
 
 struct backend_choice {
   std::shared_ptr<device_backend> backend;
