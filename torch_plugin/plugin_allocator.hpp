@@ -1,0 +1,82 @@
+// plugin_allocator: the allocator behind the C ABI (libspillway_alloc.so) and the preload shim
+// (libspillway_preload.so): one device_allocator per device, created on first use.
+//
+// Contract
+// - Devices run from 0 to device_count() - 1. A device's allocator (and its backend: a CUDA context
+//   for backend "cuda") is created the first time that device is used, never before: a process
+//   that uses one GPU of eight touches only that one. Any other index is invalid_argument.
+// - Each device gets config.allocator with the budget budget_for_device() gives it
+//   (config_string.hpp); warnings go to on_warning (default: stderr).
+// - allocate(device, 0, s) returns nullptr, as cudaMalloc and PyTorch's allocators do for size 0.
+// - deallocate(ptr) says where ptr belongs: a live allocation of one device (freed or deferred),
+//   memory spillway holds but not a live allocation (a double free: reported through on_warning,
+//   nothing changes), or foreign memory (nothing is done or reported: the caller routes it to
+//   whoever allocated it). nullptr is foreign.
+// - memory_info(device) is what cudaMemGetInfo reports under spillway: total = min(budget, device
+//   memory); free = what new allocations can still get, i.e. the budget's headroom above the
+//   reserved bytes (at most what the device has free) plus the cached bytes the allocator can
+//   reuse or release (reserved - allocated). free <= total.
+// - Thread-safe. Created devices are never destroyed while the plugin_allocator lives.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "config_string.hpp"
+#include "spillway/device_allocator.hpp"
+
+namespace spillway {
+
+// Makes the backend of device `index` (it must report device_index() == index).
+using backend_factory = std::function<std::shared_ptr<device_backend>(int index)>;
+
+enum class free_result {
+  freed,     // returned to its pool
+  deferred,  // waits on events of other streams (Note [Cross-stream frees])
+  invalid,   // inside spillway's memory but not a live allocation: reported, nothing changed
+  foreign,   // not spillway's memory: nothing done
+};
+
+struct memory_info {
+  std::size_t free = 0;
+  std::size_t total = 0;
+};
+
+class plugin_allocator {
+ public:
+  plugin_allocator(plugin_config config, int device_count, backend_factory make_backend,
+                   std::function<void(const std::string&)> on_warning = {});
+  ~plugin_allocator();
+  plugin_allocator(const plugin_allocator&) = delete;
+  plugin_allocator& operator=(const plugin_allocator&) = delete;
+
+  int device_count() const noexcept { return device_count_; }
+  const plugin_config& config() const noexcept { return config_; }
+
+  device_allocator& device(int index);                        // created on first use
+  device_allocator* created_device(int index) const noexcept;  // nullptr until first use
+
+  void* allocate(int device, std::size_t bytes, stream_ref stream);
+  free_result deallocate(void* ptr) noexcept;
+  device_allocator* owner_of(const void* ptr) const noexcept;   // the device where ptr is live
+  device_allocator* holder_of(const void* ptr) const noexcept;  // the device whose memory holds ptr
+
+  memory_info memory_info_of(int device);
+  std::size_t empty_cache();  // every created device; the bytes released
+
+ private:
+  plugin_config config_;
+  int device_count_;
+  backend_factory make_backend_;
+  std::function<void(const std::string&)> on_warning_;
+  std::mutex create_mutex_;                                   // creation only
+  std::vector<std::unique_ptr<device_allocator>> owned_;      // guarded by create_mutex_
+  std::unique_ptr<std::atomic<device_allocator*>[]> slots_;   // read without a lock
+};
+
+}  // namespace spillway
