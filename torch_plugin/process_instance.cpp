@@ -1,0 +1,71 @@
+// process_instance.cpp: the process-wide plugin_allocator and per-thread entry state. The contract
+// is in process_instance.hpp.
+#include "process_instance.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+
+#include "plugin_backends.hpp"
+#include "spillway/errors.hpp"
+
+namespace spillway::plugin {
+namespace {
+
+thread_local int entry_depth = 0;
+
+std::string& last_error_slot() noexcept {
+  thread_local std::string slot;
+  return slot;
+}
+
+struct instance {
+  std::unique_ptr<plugin_allocator> allocator;
+  std::string error;       // why there is no allocator
+  bool bad_input = false;  // the error is an invalid_argument (SPILLWAY_CONF), not a device_error
+};
+
+instance* build_instance() {
+  auto* inst = new instance;  // never deleted: see process_instance.hpp
+  const char* text = std::getenv("SPILLWAY_CONF");
+  try {
+    plugin_config config = parse_config(text != nullptr ? text : "");
+    backend_set backends = make_backends(config);
+    inst->allocator = std::make_unique<plugin_allocator>(std::move(config), backends.device_count,
+                                                         std::move(backends.make), &report);
+  } catch (const invalid_argument& e) {
+    inst->error = e.what();
+    inst->bad_input = true;
+  } catch (const std::exception& e) {
+    inst->error = e.what();
+  }
+  return inst;
+}
+
+}  // namespace
+
+plugin_allocator& process_allocator() {
+  static instance* const inst = build_instance();  // thread-safe, once
+  if (inst->allocator) return *inst->allocator;
+  if (inst->bad_input) throw invalid_argument(inst->error);
+  throw device_error(inst->error);
+}
+
+const std::string& last_error() noexcept { return last_error_slot(); }
+
+void set_last_error(std::string message) noexcept { last_error_slot() = std::move(message); }
+
+void report(const std::string& message) noexcept {
+  try {
+    set_last_error(message);
+    std::fprintf(stderr, "%s\n", message.c_str());
+  } catch (...) {
+    // Reporting must never turn into a failure of the call that reports.
+  }
+}
+
+entry_scope::entry_scope() noexcept { ++entry_depth; }
+entry_scope::~entry_scope() { --entry_depth; }
+bool entry_scope::active() noexcept { return entry_depth > 0; }
+
+}  // namespace spillway::plugin
