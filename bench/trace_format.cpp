@@ -11,6 +11,7 @@
 
 #include "spillway/errors.hpp"
 #include "spillway/size_classes.hpp"
+#include "text_lines.hpp"
 #include "trace_gzip.hpp"
 
 namespace spillway::trace {
@@ -67,38 +68,9 @@ class event_checker {
 
 // --- reading ---------------------------------------------------------------------------------
 
-[[noreturn]] void fail_at(const std::string& name, std::size_t line_no, std::string_view line,
-                          const std::string& problem) {
-  std::string text(line.substr(0, 200));
-  if (line.size() > 200) text += "...";
-  throw spillway::invalid_argument(name + ":" + std::to_string(line_no) + ": " + problem + " in \"" +
-                                   text + "\"");
-}
-
-std::vector<std::string_view> split_words(std::string_view line) {
-  std::vector<std::string_view> words;
-  std::size_t i = 0;
-  while (i < line.size()) {
-    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
-    const std::size_t b = i;
-    while (i < line.size() && line[i] != ' ' && line[i] != '\t') ++i;
-    if (i > b) words.push_back(line.substr(b, i - b));
-  }
-  return words;
-}
-
-// Parses an unsigned decimal number; "" on success, else the problem.
-std::string parse_uint(std::string_view word, const char* what, std::uint64_t& out) {
-  if (!word.empty() && word[0] == '-') return std::string(what) + " \"" + std::string(word) + "\" is negative";
-  const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), out);
-  if (ec == std::errc::result_out_of_range) {
-    return std::string(what) + " \"" + std::string(word) + "\" is out of range";
-  }
-  if (ec != std::errc() || end != word.data() + word.size()) {
-    return std::string(what) + " \"" + std::string(word) + "\" is not a number";
-  }
-  return "";
-}
+using bench::text::fail_at;
+using bench::text::parse_uint;
+using bench::text::split_words;
 
 header parse_header(std::string_view line, const std::string& name) {
   const auto words = split_words(line);

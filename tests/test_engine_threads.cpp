@@ -22,42 +22,13 @@
 #include <thread>
 #include <vector>
 
+#include "deadlock_watchdog.hpp"
 #include "engine_fixture.hpp"
 
 using namespace spillway;
 using namespace spillway::test;
 
 namespace {
-
-// Aborts the process, naming what hung, if it is not destroyed within `limit`.
-class deadlock_watchdog {
- public:
-  deadlock_watchdog(const char* what, std::chrono::seconds limit) : what_(what) {
-    thread_ = std::thread([this, limit] {
-      std::unique_lock lock(mutex_);
-      if (!cv_.wait_for(lock, limit, [this] { return done_; })) {
-        std::fprintf(stderr, "deadlock: %s did not finish within %lld s\n", what_,
-                     static_cast<long long>(limit.count()));
-        std::abort();
-      }
-    });
-  }
-  ~deadlock_watchdog() {
-    {
-      std::lock_guard lock(mutex_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  const char* what_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
 
 struct thread_counts {
   std::atomic<std::uint64_t> iterations{0}, pins{0}, ooms{0}, allocations{0}, registered{0},

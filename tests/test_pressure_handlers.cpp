@@ -24,6 +24,7 @@
 
 #include "allocator_checks.hpp"
 #include "backend_fixture.hpp"
+#include "deadlock_watchdog.hpp"
 #include "spillway/device_allocator.hpp"
 #include "spillway/errors.hpp"
 #include "spillway/size_classes.hpp"
@@ -32,36 +33,6 @@ using namespace spillway;
 using namespace spillway::test;
 
 namespace {
-
-// Aborts the process, naming what hung, if it is not destroyed within a minute. A test that
-// calls back into the allocator with its lock held would otherwise hang until CTest's timeout.
-class deadlock_watchdog {
- public:
-  explicit deadlock_watchdog(const char* what) : what_(what) {
-    thread_ = std::thread([this] {
-      std::unique_lock lock(mutex_);
-      if (!cv_.wait_for(lock, std::chrono::seconds(60), [this] { return done_; })) {
-        std::fprintf(stderr, "deadlock: %s did not finish within 60 s\n", what_);
-        std::abort();
-      }
-    });
-  }
-  ~deadlock_watchdog() {
-    {
-      std::lock_guard lock(mutex_);
-      done_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  const char* what_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
-};
 
 // A 30 MiB budget with two live 12 MiB allocations on `s`: 24 MiB reserved. A third 12 MiB one
 // does not fit until one of them is freed.
