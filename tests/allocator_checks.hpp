@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "spillway/device_allocator.hpp"
 #include "spillway/snapshot.hpp"
 #include "spillway/stats.hpp"
 
@@ -282,6 +283,13 @@ inline bool pattern_ok(const void* ptr, std::size_t bytes, std::uint64_t id,
 
 inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
+}
+
+// The snapshot's invariants hold and the statistics match it.
+inline void check_consistent(const device_allocator& a, bool accumulated_intact = true) {
+  const memory_snapshot snap = a.snapshot();
+  check_snapshot_invariants(snap);
+  check_stats_match_snapshot(a.stats(), snap, accumulated_intact);
 }
 
 }  // namespace spillway::test

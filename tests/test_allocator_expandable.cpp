@@ -1,0 +1,236 @@
+// test_allocator_expandable: expandable (VMM) segments, run against every backend with VMM: one
+// segment per (pool, stream) grows in place in whole granules; a used-up address range is followed
+// by another; empty_cache gives back the free tail (not free middles) and synchronises only when
+// something is released; a growing workload peaks lower than with fixed segments; a backend
+// without VMM ignores the option with a warning. See Note [Expandable segments].
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "allocator_checks.hpp"
+#include "backend_fixture.hpp"
+#include "spillway/device_allocator.hpp"
+#include "spillway/errors.hpp"
+#include "spillway/size_classes.hpp"
+
+using namespace spillway;
+using namespace spillway::test;
+namespace sc = spillway::size_classes;
+
+// --- expandable segments (Note [Expandable segments]) -------------------------------------------
+
+namespace {
+
+allocator_config expandable_config(const backend_env& env) {
+  allocator_config c = env.config();
+  c.expandable_segments = true;
+  c.expandable_address_range = 1024 * MiB;
+  return c;
+}
+
+}  // namespace
+
+#define SKIP_WITHOUT_VMM(env)                                                                  \
+  do {                                                                                         \
+    if ((env).backend->vmm_granularity() == 0) {                                               \
+      MESSAGE("SKIPPED: " << (env).backend->name() << " has no virtual memory management");    \
+      return;                                                                                  \
+    }                                                                                          \
+  } while (0)
+
+TEST_CASE_TEMPLATE("expandable: one segment per stream and pool grows in place", B, SPILLWAY_ALL_BACKENDS) {
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  SKIP_WITHOUT_VMM(env);
+  const std::size_t g = env.backend->vmm_granularity();
+  device_allocator alloc(env.backend, expandable_config(env));
+
+  void* a = alloc.allocate(2 * g);
+  void* b = alloc.allocate(3 * g);
+  void* c = alloc.allocate(g);
+  CHECK(static_cast<char*>(b) == static_cast<char*>(a) + 2 * g);  // mapped right after a
+  CHECK(static_cast<char*>(c) == static_cast<char*>(b) + 3 * g);
+  memory_snapshot snap = alloc.snapshot();
+  REQUIRE(snap.segments.size() == 1);
+  CHECK(snap.segments[0].is_expandable);
+  CHECK(snap.segments[0].is_large);
+  CHECK(snap.segments[0].address == reinterpret_cast<std::uintptr_t>(a));
+  CHECK(snap.segments[0].total_size == 6 * g);
+  CHECK(alloc.describe(c).segment_base == a);
+  CHECK(alloc.describe(c).segment_size == 6 * g);
+  CHECK(alloc.stats().reserved_bytes[0].current == static_cast<std::int64_t>(6 * g));
+  CHECK(alloc.stats().segment[0].current == 1);
+  check_consistent(alloc);
+
+  // Another stream, and the small pool, each get their own segment.
+  void* d = alloc.allocate(g, env.new_stream());
+  void* e = alloc.allocate(1000);
+  snap = alloc.snapshot();
+  CHECK(snap.segments.size() == 3);
+  CHECK(find_segment(snap, d) != find_segment(snap, a));
+  CHECK(find_segment(snap, e)->is_expandable);
+  CHECK_FALSE(find_segment(snap, e)->is_large);
+  check_consistent(alloc);
+  for (void* p : {a, b, c, d, e}) alloc.deallocate(p);
+  alloc.empty_cache();
+  CHECK(alloc.stats().reserved_bytes[0].current == 0);
+  CHECK(alloc.stats().segment[0].current == 0);
+  check_consistent(alloc);
+}
+
+TEST_CASE_TEMPLATE("expandable: empty_cache does not synchronise for a tail under one granule", B, SPILLWAY_ALL_BACKENDS) {
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  SKIP_WITHOUT_VMM(env);
+  const std::size_t g = env.backend->vmm_granularity();
+  device_allocator alloc(env.backend, expandable_config(env));
+  void* a = alloc.allocate(g - 4096);  // leaves a free tail of 4 KiB: no whole granule
+  const std::int64_t syncs = alloc.stats().num_sync_all_streams;
+  CHECK(alloc.empty_cache() == 0);
+  CHECK(alloc.stats().num_sync_all_streams == syncs);
+  // Expandable segments never count as inactive split (PyTorch).
+  CHECK(alloc.stats().inactive_split[0].current == 0);
+  alloc.deallocate(a);
+  CHECK(alloc.empty_cache() == g);
+  CHECK(alloc.stats().num_sync_all_streams == syncs + 1);
+  check_consistent(alloc);
+}
+
+TEST_CASE_TEMPLATE("expandable: a used-up address range is followed by another", B, SPILLWAY_ALL_BACKENDS) {
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  SKIP_WITHOUT_VMM(env);
+  const std::size_t g = env.backend->vmm_granularity();
+  allocator_config c = env.config();
+  c.expandable_segments = true;
+  c.expandable_address_range = 4 * g;
+  device_allocator alloc(env.backend, c);
+
+  void* a = alloc.allocate(3 * g);
+  void* b = alloc.allocate(2 * g);  // does not fit the 1 granule left in a's range
+  void* d = alloc.allocate(g);      // fits the granule left in a's range
+  memory_snapshot snap = alloc.snapshot();
+  CHECK(snap.segments.size() == 2);
+  CHECK(find_segment(snap, b) != find_segment(snap, a));
+  CHECK(find_segment(snap, d) == find_segment(snap, a));
+  CHECK(static_cast<char*>(d) == static_cast<char*>(a) + 3 * g);
+  check_consistent(alloc);
+  for (void* p : {a, b, d}) alloc.deallocate(p);
+  alloc.empty_cache();
+  CHECK(alloc.stats().reserved_bytes[0].current == 0);
+  CHECK(alloc.stats().segment[0].current == 0);
+}
+
+TEST_CASE_TEMPLATE("expandable: reserved grows in whole granules, only as far as needed", B, SPILLWAY_ALL_BACKENDS) {
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  SKIP_WITHOUT_VMM(env);
+  const std::size_t g = env.backend->vmm_granularity();
+  device_allocator alloc(env.backend, expandable_config(env));
+
+  std::mt19937_64 rng(7);
+  std::vector<void*> live;
+  std::int64_t reserved = 0;
+  for (int i = 0; i < 60; ++i) {
+    const std::size_t n = rng() % 3 == 0 ? 1 + rng() % (1 * MiB) : 1 + rng() % (5 * g);
+    live.push_back(alloc.allocate(n));
+    const memory_stats st = alloc.stats();
+    INFO("step " << i << " size " << n);
+    CHECK(st.reserved_bytes[0].current % static_cast<std::int64_t>(g) == 0);
+    CHECK(st.reserved_bytes[0].current >= reserved);  // nothing is freed here
+    reserved = st.reserved_bytes[0].current;
+    // Growth maps only what the request lacks: with no frees, the one free block of a segment is
+    // its tail and is smaller than a granule.
+    const memory_snapshot snap = alloc.snapshot();
+    CHECK(snap.segments.size() <= 2);
+    for (const segment_info& seg : snap.segments) {
+      CHECK(seg.is_expandable);
+      CHECK(seg.total_size % g == 0);
+      for (std::size_t k = 0; k < seg.blocks.size(); ++k) {
+        if (!seg.blocks[k].active()) {
+          CHECK(k + 1 == seg.blocks.size());
+          CHECK(seg.blocks[k].size < g);
+        }
+      }
+    }
+  }
+  check_consistent(alloc);
+  for (void* p : live) alloc.deallocate(p);
+  alloc.empty_cache();
+  CHECK(alloc.stats().reserved_bytes[0].current == 0);
+}
+
+TEST_CASE_TEMPLATE("expandable: empty_cache unmaps the free tail, not free middles", B, SPILLWAY_ALL_BACKENDS) {
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  SKIP_WITHOUT_VMM(env);
+  const std::size_t g = env.backend->vmm_granularity();
+  device_allocator alloc(env.backend, expandable_config(env));
+
+  void* a = alloc.allocate(2 * g);
+  void* b = alloc.allocate(g);
+  void* c = alloc.allocate(3 * g);
+  alloc.deallocate(b);  // a free middle
+  CHECK(alloc.empty_cache() == 0);
+  CHECK(alloc.stats().reserved_bytes[0].current == static_cast<std::int64_t>(6 * g));
+
+  alloc.deallocate(c);  // the free tail is now b + c
+  const std::int64_t frees = alloc.stats().num_device_free;
+  CHECK(alloc.empty_cache() == 4 * g);
+  CHECK(alloc.stats().num_device_free > frees);
+  memory_snapshot snap = alloc.snapshot();
+  REQUIRE(snap.segments.size() == 1);
+  CHECK(snap.segments[0].total_size == 2 * g);
+  REQUIRE(snap.segments[0].blocks.size() == 1);
+  CHECK(snap.segments[0].blocks[0].address == reinterpret_cast<std::uintptr_t>(a));
+  CHECK(alloc.stats().reserved_bytes[0].current == static_cast<std::int64_t>(2 * g));
+  check_consistent(alloc);
+
+  // It grows again from where it stopped.
+  void* d = alloc.allocate(g);
+  CHECK(static_cast<char*>(d) == static_cast<char*>(a) + 2 * g);
+  alloc.deallocate(d);
+  alloc.deallocate(a);
+  CHECK(alloc.empty_cache() == 3 * g);
+  CHECK(alloc.snapshot().segments.empty());
+  CHECK(alloc.stats().segment[0].current == 0);
+  check_consistent(alloc);
+}
+
+TEST_CASE_TEMPLATE("expandable: a growing workload peaks lower than with fixed segments", B, SPILLWAY_ALL_BACKENDS) {
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  SKIP_WITHOUT_VMM(env);
+  const auto peak_reserved = [&](bool expandable) {
+    allocator_config c = expandable ? expandable_config(env) : env.config();
+    device_allocator alloc(env.backend, c);
+    std::vector<void*> live;
+    for (int i = 1; i <= 12; ++i) live.push_back(alloc.allocate(static_cast<std::size_t>(i) * 1536 * KiB));
+    const std::int64_t peak = alloc.stats().reserved_bytes[0].peak;
+    for (void* p : live) alloc.deallocate(p);
+    return peak;
+  };
+  const std::int64_t fixed = peak_reserved(false);
+  const std::int64_t grown = peak_reserved(true);
+  std::int64_t sum = 0;
+  for (int i = 1; i <= 12; ++i) sum += i * 1536 * static_cast<std::int64_t>(KiB);
+  INFO("fixed " << fixed << " expandable " << grown << " requested " << sum);
+  CHECK(grown < fixed);
+  // At most one partial granule per request is left over (a remainder of <= 1 MiB is not split).
+  CHECK(grown <= sum + 12 * static_cast<std::int64_t>(env.backend->vmm_granularity()));
+}
+
+TEST_CASE("expandable_segments is ignored, with a warning, on a backend without VMM") {
+  sim_config sc = default_sim_config();
+  sc.vmm_granularity = 0;
+  auto env = make_sim_env(sc);
+  allocator_config c = env->config();
+  c.expandable_segments = true;
+  device_allocator alloc(env->backend, c);
+  const auto warnings = env->warnings.messages();
+  REQUIRE(warnings.size() == 1);
+  CHECK(contains(warnings[0], "expandable_segments ignored"));
+  void* p = alloc.allocate(3 * MiB);
+  CHECK_FALSE(alloc.snapshot().segments[0].is_expandable);
+  CHECK(alloc.snapshot().segments[0].total_size == 20 * MiB);
+  alloc.deallocate(p);
+}
