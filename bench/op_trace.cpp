@@ -316,26 +316,7 @@ std::string to_text(const trace_data& t) {
 }
 
 void write_op_trace(const trace_data& t, const std::string& path) {
-  const std::string text = to_text(t);
-  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
-  const std::string plain = gz ? path + "." + std::to_string(::getpid()) + ".tmp" : path;
-  {
-    std::ofstream out(plain, std::ios::binary | std::ios::trunc);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.close();
-    if (!out) throw spillway::invalid_argument("cannot write op trace file \"" + plain + "\"");
-  }
-  if (!gz) return;
-  try {
-    trace::gzip_file_in_place(plain);
-  } catch (...) {
-    std::remove(plain.c_str());
-    throw;
-  }
-  if (std::rename((plain + ".gz").c_str(), path.c_str()) != 0) {
-    std::remove((plain + ".gz").c_str());
-    throw spillway::invalid_argument("cannot rename the compressed op trace to \"" + path + "\"");
-  }
+  trace::write_text_file(path, to_text(t), "op trace file");
 }
 
 liveness compute_liveness(const trace_data& t) {

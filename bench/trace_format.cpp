@@ -235,28 +235,7 @@ std::string to_text(const trace_data& trace) {
 }
 
 void write_trace(const trace_data& trace, const std::string& path) {
-  const std::string text = to_text(trace);
-  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
-  // Compressing: write a temporary file next to the target, gzip it, rename the result, so a
-  // half-written trace never has the target's name.
-  const std::string plain = gz ? path + "." + std::to_string(::getpid()) + ".tmp" : path;
-  {
-    std::ofstream out(plain, std::ios::binary | std::ios::trunc);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.close();
-    if (!out) throw spillway::invalid_argument("cannot write trace file \"" + plain + "\"");
-  }
-  if (!gz) return;
-  try {
-    gzip_file_in_place(plain);
-  } catch (...) {
-    std::remove(plain.c_str());
-    throw;
-  }
-  if (std::rename((plain + ".gz").c_str(), path.c_str()) != 0) {
-    std::remove((plain + ".gz").c_str());
-    throw spillway::invalid_argument("cannot rename the compressed trace to \"" + path + "\"");
-  }
+  write_text_file(path, to_text(trace), "trace file");
 }
 
 trace_summary summarize(const trace_data& trace) {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
@@ -127,6 +128,30 @@ void gzip_file_in_place(const std::string& path) {
   if (r.exit_code != 0) {
     throw std::runtime_error("gzip -n -f \"" + path + "\" exited with " + std::to_string(r.exit_code) +
                              (r.err.empty() ? "" : ": " + r.err));
+  }
+}
+
+void write_text_file(const std::string& path, const std::string& text, const std::string& what) {
+  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+  // Compressing: write a temporary file next to the target, gzip it, rename the result, so a
+  // half-written file never has the target's name.
+  const std::string plain = gz ? path + "." + std::to_string(::getpid()) + ".tmp" : path;
+  {
+    std::ofstream out(plain, std::ios::binary | std::ios::trunc);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.close();
+    if (!out) throw spillway::invalid_argument("cannot write " + what + " \"" + plain + "\"");
+  }
+  if (!gz) return;
+  try {
+    gzip_file_in_place(plain);
+  } catch (...) {
+    std::remove(plain.c_str());
+    throw;
+  }
+  if (std::rename((plain + ".gz").c_str(), path.c_str()) != 0) {
+    std::remove((plain + ".gz").c_str());
+    throw spillway::invalid_argument("cannot rename the compressed " + what + " to \"" + path + "\"");
   }
 }
 

@@ -14,6 +14,9 @@
 //   std::runtime_error.
 // - gzip_file_in_place(path): replaces `path` by `path`.gz (gzip -n: no name or time stamp in the
 //   output, so the same trace always compresses to the same bytes).
+// - write_text_file(path, text, what): writes `text`, gzipped when `path` ends in .gz. A compressed
+//   file is written to a temporary name and renamed, so a half-written file never has `path`.
+//   Failures throw spillway::invalid_argument naming `what` and the path.
 #pragma once
 
 #include <string>
@@ -23,5 +26,6 @@ namespace spillway::trace {
 bool is_gzip_file(const std::string& path);
 std::string gunzip_file(const std::string& path);
 void gzip_file_in_place(const std::string& path);
+void write_text_file(const std::string& path, const std::string& text, const std::string& what);
 
 }  // namespace spillway::trace
