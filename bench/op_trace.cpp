@@ -183,22 +183,15 @@ std::size_t trace_data::backward_begin() const noexcept {
 trace_data parse_op_trace(std::string_view text, const std::string& name) {
   reader r{name, {}, {}};
   rules check(r.trace.buffers);
-  std::size_t line_no = 0, pos = 0;
   bool have_header = false;
-  while (pos < text.size()) {
-    std::size_t end = text.find('\n', pos);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view line = text.substr(pos, end - pos);
-    pos = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  bench::text::for_each_line(text, [&](std::size_t line_no, std::string_view line) {
     if (!have_header) {
       r.header(line);
       have_header = true;
-      continue;
+      return;
     }
     const auto w = split_words(line);
-    if (w.empty() || w[0][0] == '#') continue;  // blank line or comment
+    if (w.empty() || w[0][0] == '#') return;  // blank line or comment
     if (w[0] == "b") {
       r.buffer_line(w, line_no, line);
     } else if (w[0] == "o") {
@@ -216,7 +209,7 @@ trace_data parse_op_trace(std::string_view text, const std::string& name) {
     } else {
       fail_at(name, line_no, line, "unknown line \"" + std::string(w[0]) + "\" (expected b, o, f, phase or #)");
     }
-  }
+  });
   if (!have_header) fail_at(name, 1, "", "empty file: an op trace starts with a \"# spillway-op-trace v1\" line");
   return std::move(r.trace);
 }

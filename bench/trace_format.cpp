@@ -161,27 +161,19 @@ void append_uint(std::string& out, std::uint64_t v) {
 trace_data parse_trace(std::string_view text, const std::string& name) {
   trace_data trace;
   event_checker checker;
-  std::size_t line_no = 0;
   bool have_header = false;
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    std::size_t end = text.find('\n', pos);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view line = text.substr(pos, end - pos);
-    pos = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  bench::text::for_each_line(text, [&](std::size_t line_no, std::string_view line) {
     if (!have_header) {
       trace.head = parse_header(line, name);
       have_header = true;
-      continue;
+      return;
     }
     const auto words = split_words(line);
-    if (words.empty() || words[0][0] == '#') continue;  // blank line or comment
+    if (words.empty() || words[0][0] == '#') return;  // blank line or comment
     const event e = parse_event(words, name, line_no, line);
     if (auto problem = checker.check(e); !problem.empty()) fail_at(name, line_no, line, problem);
     trace.events.push_back(e);
-  }
+  });
   if (!have_header) fail_at(name, 1, "", "empty file: a trace starts with a \"# spillway-trace v1\" line");
   return trace;
 }
