@@ -5,9 +5,10 @@
     python3 bench/record_op_trace.py [--out bench/op_traces] [--models mlp,resnet50,gpt2,bert,unet]
                                      [--device auto|cpu|cuda] [--batch-scale S] [--warmup 1] [--seed 1]
 
-Needs torch (>= 1.13: TorchDispatchMode, StorageWeakRef), torchvision for resnet50 and transformers
-for gpt2 and bert; the U-Net comes from record_torch_traces.py and the MLP is defined here. Every
-model has random weights: nothing is downloaded. Each model runs in its own subprocess.
+Needs torch (>= 1.13: TorchDispatchMode, StorageWeakRef; run with 1.13 and 2.11), torchvision for
+resnet50 and transformers for gpt2 and bert (run with torchvision 0.26, transformers 5.23); the
+U-Net comes from record_torch_traces.py and the MLP is defined here. Every model has random weights:
+nothing is downloaded. Each model runs in its own subprocess.
 
 How it records. A TorchDispatchMode (torch.utils._python_dispatch) sees every aten op after
 autograd, in the forward and in the backward (the mode is part of the thread-local state the
@@ -28,14 +29,19 @@ autograd engine carries to its threads). For each op on the recording device it:
 detach, t: no kernel runs on a GPU, nothing to recompute) are dropped; their reads are kept by the
 ops that read the views. Not recorded: the optimizer step.
 
-Models (batch sizes are for an 80 GB GPU; on CPU the default --batch-scale is 1/16):
+Models (batch sizes are for an 80 GB GPU; --batch-scale multiplies them, rounded, at least 1; on
+CPU its default is 1/16; GPT-2 and BERT train with their configs' dropout, 0.1):
   mlp       32 x (Linear(1024, 1024) + ReLU), 8192 x 1024 inputs, MSE: the chain
   resnet50  torchvision, 64 x 3 x 224 x 224, cross entropy
   gpt2      transformers GPT2LMHeadModel(GPT2Config()), 8 x 1024 tokens
   bert      transformers BertForMaskedLM(BertConfig()), 16 x 128..512 tokens
   unet      record_torch_traces.py's U-Net, 8 x 3 x 256 x 256
 
-Output: <out>/torch-<model>-<device>.optrace.gz and a .json summary next to it.
+Output: <out>/torch-<model>-<device>.optrace.gz and a .json summary next to it. The trace's header
+adds timing, torch (version), batch_scale, batch (the input shapes, e.g. x:16x3x224x224,y:16), dtype,
+device and, on CPU, threads (torch.get_num_threads()). CPU durations are host times of CPU kernels,
+nothing like a GPU's; on CPU, transformers' attention (sdpa) takes the math path, so GPT-2 and BERT
+materialise their attention matrices (bmm, softmax, dropout), where a GPU would use a fused kernel.
 Exit status: 0 when every model was recorded; 1 when one failed; 2 on bad arguments or no torch.
 
 OpTraceWriter (below) is the bookkeeping without torch: tests/test_record_op_trace.py tests it.
@@ -269,6 +275,11 @@ def make_mlp(torch, layers=32, width=1024):
     return model, lambda m, d: mse(m(d["x"]), d["y"]), batch, f"MLP chain {layers} x Linear({width}) + ReLU"
 
 
+def describe_batch(batch):
+    """One word for a batch's tensors: "x:16x3x224x224,y:16" (the trace header's `batch`)."""
+    return ",".join(f"{k}:{'x'.join(str(int(d)) for d in v.shape)}" for k, v in batch.items())
+
+
 def record_one(name, args):
     """Runs in the subprocess: records one model. Returns the summary dict."""
     import torch
@@ -301,12 +312,16 @@ def record_one(name, args):
     if want == "cuda":
         torch.cuda.synchronize()
 
+    batch = {k: v.to(device) for k, v in make_batch(args.warmup).items()}  # made outside: params
     source = f"torch:{name}:{want}"
+    dtype = str(next(model.parameters()).dtype).replace("torch.", "")
     extra = {"timing": want, "torch": torch.__version__.split("+")[0], "batch_scale": round(scale, 4),
+             "batch": describe_batch(batch), "dtype": dtype,
              "device": torch.cuda.get_device_name(device).replace(" ", "_") if want == "cuda" else "cpu"}
+    if want == "cpu":
+        extra["threads"] = torch.get_num_threads()
     writer = OpTraceWriter(name, source, extra)
     recorder = make_recorder(torch, writer, device)
-    batch = {k: v.to(device) for k, v in make_batch(args.warmup).items()}  # made outside: params
     start = time.time()
     with recorder:
         loss = loss_fn(model, batch)
@@ -325,7 +340,8 @@ def record_one(name, args):
     stem = os.path.join(args.out, f"torch-{name}-{want}")
     writer.save(stem + ".optrace.gz")
     summary = {"model": name, "description": description, "device": extra["device"], "torch": torch.__version__,
-               "batch_scale": scale, "seconds": round(seconds, 3), "loss": float(loss.detach()),
+               "batch_scale": scale, "batch": extra["batch"], "dtype": dtype, "threads": extra.get("threads"),
+               "seconds": round(seconds, 3), "loss": float(loss.detach()),
                "trace": stem + ".optrace.gz", **writer.summary()}
     with open(stem + ".json", "w") as f:
         json.dump(summary, f, indent=2)

@@ -6,7 +6,8 @@ in-place write makes a new version (single assignment), and a param's old versio
 the op; an address reused after its storage died is a new buffer, while a "fresh" storage at the
 address of a live one is treated as an alias and writes nothing; keep() marks a produced buffer
 param (gradients); GPU durations replace CPU ones in order;
-ops that write nothing (views) are dropped; gzip output is deterministic. When SPILLWAY_OP_TRACE_SYNTH names the spillway-op-trace-synth
+ops that write nothing (views) are dropped; gzip output is deterministic; the header's batch
+field names every input's shape in one word. When SPILLWAY_OP_TRACE_SYNTH names the spillway-op-trace-synth
 binary (CTest sets it), the C++ reader also reads the written trace (--summary) and agrees on its
 op count.
 """
@@ -104,6 +105,15 @@ class WriterTest(unittest.TestCase):
         w.set_durations([7, 8, 9, 10])
         self.assertIn("o aten.mm.default 7 in 1 2 out 0", w.text())
         self.assertEqual(w.summary()["ops"], 4)
+
+    def test_describe_batch_is_one_word(self):
+        class T:
+            def __init__(self, *shape):
+                self.shape = shape
+
+        self.assertEqual(rot.describe_batch({"x": T(16, 3, 224, 224), "y": T(16)}), "x:16x3x224x224,y:16")
+        w = rot.OpTraceWriter("m", "s", {"batch": rot.describe_batch({"ids": T(1, 1024)}), "dtype": "float32"})
+        self.assertEqual(w.text().splitlines()[0], "# spillway-op-trace v1 model=m source=s batch=ids:1x1024 dtype=float32")
 
     def test_gzip_is_deterministic_and_the_cpp_reader_agrees(self):
         w, _, _ = step()
