@@ -42,8 +42,34 @@ device_allocator& plugin_allocator::device(int index) {
   ac.budget = budget_for_device(config_, index, backend->total_memory());
   if (on_warning_) ac.on_warning = on_warning_;
   owned_.push_back(std::make_unique<device_allocator>(std::move(backend), std::move(ac)));
-  slots_[index].store(owned_.back().get(), std::memory_order_release);
-  return *owned_.back();
+  device_allocator& created = *owned_.back();
+  for (handler_entry& h : handlers_) h.per_device[index] = created.add_pressure_handler(h.handler);
+  slots_[index].store(&created, std::memory_order_release);
+  return created;
+}
+
+std::uint64_t plugin_allocator::add_pressure_handler(pressure_handler handler) {
+  std::lock_guard lock(create_mutex_);
+  handler_entry entry{next_handler_id_++, std::move(handler),
+                      std::vector<pressure_handler_id>(static_cast<std::size_t>(device_count_), 0)};
+  for (int i = 0; i < device_count_; ++i) {
+    if (device_allocator* d = slots_[i].load(std::memory_order_acquire)) {
+      entry.per_device[i] = d->add_pressure_handler(entry.handler);
+    }
+  }
+  handlers_.push_back(std::move(entry));
+  return handlers_.back().id;
+}
+
+void plugin_allocator::remove_pressure_handler(std::uint64_t id) noexcept {
+  std::lock_guard lock(create_mutex_);
+  auto it = std::find_if(handlers_.begin(), handlers_.end(),
+                         [id](const handler_entry& h) { return h.id == id; });
+  if (it == handlers_.end()) return;
+  for (int i = 0; i < device_count_; ++i) {
+    if (it->per_device[i] != 0) slots_[i].load()->remove_pressure_handler(it->per_device[i]);
+  }
+  handlers_.erase(it);
 }
 
 void* plugin_allocator::allocate(int device_index, std::size_t bytes, stream_ref stream) {

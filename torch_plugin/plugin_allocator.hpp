@@ -20,6 +20,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -69,6 +70,11 @@ class plugin_allocator {
   memory_info memory_info_of(int device);
   std::size_t empty_cache();  // every created device; the bytes released
 
+  // A pressure handler on every device: those created already and those created later.
+  // The id removes it from all of them.
+  std::uint64_t add_pressure_handler(pressure_handler handler);
+  void remove_pressure_handler(std::uint64_t id) noexcept;
+
  private:
   plugin_config config_;
   int device_count_;
@@ -77,6 +83,13 @@ class plugin_allocator {
   std::mutex create_mutex_;                                   // creation only
   std::vector<std::unique_ptr<device_allocator>> owned_;      // guarded by create_mutex_
   std::unique_ptr<std::atomic<device_allocator*>[]> slots_;   // read without a lock
+  struct handler_entry {
+    std::uint64_t id;
+    pressure_handler handler;
+    std::vector<pressure_handler_id> per_device;  // by device index; 0 where not created
+  };
+  std::vector<handler_entry> handlers_;                      // guarded by create_mutex_
+  std::uint64_t next_handler_id_ = 1;                        // guarded by create_mutex_
 };
 
 }  // namespace spillway

@@ -1,0 +1,214 @@
+"""spillway.activations / checkpoint on CPU tensors: what runs without a GPU.
+
+Proves, against a run without spillway, that gradients and losses are bit-identical when saved
+activations are dropped and recomputed (checkpoint segments with dropout and BatchNorm) or spilled
+and copied back; that BatchNorm running statistics are updated once; that storages the program
+still holds are never evicted; that views share one entry; and that bad arguments name the value.
+Eviction is forced by max_resident, the trigger that works with any allocator.
+
+Run by ctest with spillway's build tree on PYTHONPATH (tests/CMakeLists.txt).
+"""
+
+import copy
+import unittest
+
+import torch
+
+import spillway
+
+torch.use_deterministic_algorithms(True)
+
+
+def mlp(width=256, depth=6):
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Dropout(0.1)]
+    return torch.nn.Sequential(*layers)
+
+
+def cnn():
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.Dropout(0.2),
+        torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(16 * 16 * 16, 10))
+
+
+def step(model, x, forward):
+    torch.manual_seed(1234)
+    model.zero_grad(set_to_none=True)
+    loss = forward(model, x).square().mean()
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def assert_identical(test, a, b):
+    (loss_a, grads_a), (loss_b, grads_b) = a, b
+    test.assertTrue(torch.equal(loss_a, loss_b), f"loss {loss_a} != {loss_b}")
+    for ga, gb in zip(grads_a, grads_b):
+        test.assertTrue(torch.equal(ga, gb), "a gradient differs")
+
+
+class CheckpointRecompute(unittest.TestCase):
+    def test_mlp_segments_dropped_and_recomputed_bit_identical(self):
+        torch.manual_seed(0)
+        model = mlp()
+        x = torch.randn(512, 256)
+        reference = step(copy.deepcopy(model), x, lambda m, x: m(x))
+
+        def forward(m, x):
+            with spillway.activations(max_resident=0, mode="drop", min_bytes=0) as acts:
+                y = spillway.checkpoint_sequential(m, 3, x)
+            forward.acts = acts
+            return y
+        got = step(model, x, forward)
+        assert_identical(self, reference, got)
+        stats = forward.acts.stats()
+        self.assertGreater(stats["drops"], 0)
+        self.assertGreater(stats["recomputes"], 0)
+        self.assertEqual(stats["spills"], 0)
+
+    def test_cnn_with_batchnorm_and_dropout(self):
+        torch.manual_seed(0)
+        model = cnn()
+        x = torch.randn(8, 3, 16, 16)
+        plain = copy.deepcopy(model)
+        reference = step(plain, x, lambda m, x: m(x))
+
+        wrapped = spillway.Sequential(model, segments=3)
+
+        def forward(m, x):
+            with spillway.activations(max_resident=0, mode="drop", min_bytes=0) as acts:
+                y = wrapped(x)
+            forward.acts = acts
+            return y
+        got = step(model, x, forward)
+        assert_identical(self, reference, got)
+        self.assertGreater(forward.acts.stats()["recomputes"], 0)
+        # Running statistics were updated by the forward only, not again by the recomputations.
+        for bn_ref, bn in zip([m for m in plain.modules() if isinstance(m, torch.nn.BatchNorm2d)],
+                              [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]):
+            self.assertTrue(torch.equal(bn_ref.running_mean, bn.running_mean))
+            self.assertTrue(torch.equal(bn_ref.running_var, bn.running_var))
+            self.assertEqual(int(bn.num_batches_tracked), 1)
+
+    def test_without_pressure_nothing_is_dropped(self):
+        torch.manual_seed(0)
+        model = mlp(depth=2)
+        x = torch.randn(64, 256)
+        with spillway.activations(min_bytes=0) as acts:
+            loss = spillway.checkpoint(model, x).sum()
+        loss.backward()
+        self.assertEqual(acts.stats()["evictions"], 0)
+        self.assertEqual(acts.stats()["recomputes"], 0)
+
+    def test_checkpoint_outside_activations_is_a_plain_call(self):
+        model = mlp(depth=1)
+        x = torch.randn(4, 256)
+        torch.manual_seed(3)
+        a = spillway.checkpoint(model, x)
+        torch.manual_seed(3)
+        b = model(x)
+        self.assertTrue(torch.equal(a, b))
+
+
+class Spill(unittest.TestCase):
+    def test_spilled_activations_come_back_identical(self):
+        torch.manual_seed(0)
+        model = mlp(depth=4)
+        x = torch.randn(256, 256)
+        reference = step(copy.deepcopy(model), x, lambda m, x: m(x))
+
+        def forward(m, x):
+            with spillway.activations(max_resident=0, mode="spill", prefetch=1, min_bytes=0) as acts:
+                y = m(x)
+            forward.acts = acts
+            return y
+        got = step(model, x, forward)
+        assert_identical(self, reference, got)
+        stats = forward.acts.stats()
+        self.assertGreater(stats["spills"], 0)
+        self.assertEqual(stats["restores"], stats["spills"])
+        self.assertGreater(stats["prefetches"], 0)
+        self.assertEqual(stats["drops"], 0)
+
+    def test_entries_are_released_after_backward(self):
+        model = mlp(depth=2)
+        with spillway.activations(max_resident=0, mode="spill", min_bytes=0) as acts:
+            loss = model(torch.randn(64, 256)).sum()
+        self.assertGreater(acts.stats()["registered"], 0)
+        loss.backward()
+        del loss
+        self.assertEqual(acts.stats()["registered"], 0)
+        self.assertEqual(acts.stats()["resident_bytes"], 0)
+
+
+class Ownership(unittest.TestCase):
+    def test_a_storage_the_program_holds_is_never_evicted(self):
+        x = torch.randn(128, 128, requires_grad=True)
+        with spillway.activations(max_resident=0, mode="spill", min_bytes=0) as acts:
+            h = x.exp()          # saved by exp's backward, and held by `h`
+            y = h.sin()          # sin saves h
+        self.assertEqual(acts.state_of(h), "resident")
+        before = h.clone()
+        acts._evict_bytes(1 << 30)        # everything evictable goes
+        self.assertEqual(acts.state_of(h), "resident")
+        self.assertTrue(torch.equal(h, before))
+        y.sum().backward()
+
+    def test_views_share_one_entry_and_are_restored_together(self):
+        x = torch.randn(64, 64, requires_grad=True)
+        with spillway.activations(mode="spill", min_bytes=0) as acts:
+            base = x * 2
+            a = base[:32].sin()   # saves the view base[:32]
+            b = base[32:].cos()   # saves the view base[32:]
+        expected = torch.cat([(x * 2)[:32].cos(), -(x * 2)[32:].sin()])
+        del base
+        self.assertEqual(acts.stats()["registered"], 1)  # the two views share base's storage
+        (a.sum() + b.sum()).backward()
+        self.assertTrue(torch.allclose(x.grad, 2 * expected))
+
+    def test_view_storage_evicted_once(self):
+        x = torch.randn(64, 64, requires_grad=True)
+        with spillway.activations(mode="spill", min_bytes=0) as acts:
+            base = x.exp()
+            a = base[:32].sin()
+            b = base[32:].cos()
+        del base
+        freed, _ = acts._evict_bytes(1 << 30)
+        self.assertEqual(freed, 64 * 64 * 4)       # base's storage, once for both views
+        (a.sum() + b.sum()).backward()
+        e = x.detach().exp()
+        self.assertTrue(torch.allclose(x.grad, torch.cat([e[:32].cos(), -e[32:].sin()]) * e))
+
+
+class BadInput(unittest.TestCase):
+    def test_bad_arguments_name_the_value(self):
+        with self.assertRaisesRegex(ValueError, "mode 'copy' is invalid"):
+            spillway.activations(mode="copy")
+        with self.assertRaisesRegex(ValueError, "policy 'mru' is invalid"):
+            spillway.activations(policy="mru")
+        with self.assertRaisesRegex(ValueError, "prefetch -1 is invalid"):
+            spillway.activations(prefetch=-1)
+        with self.assertRaisesRegex(ValueError, "invalid size"):
+            spillway.activations(max_resident="lots")
+        with self.assertRaisesRegex(ValueError, "segments 0 is invalid"):
+            spillway.Sequential(mlp(depth=1), 0)
+
+    def test_nondeterministic_shapes_fail_clearly(self):
+        calls = []
+
+        def grows(x):
+            calls.append(1)
+            return (x.repeat(len(calls), 1)).exp()
+
+        x = torch.randn(64, 64, requires_grad=True)
+        with spillway.activations(max_resident=0, mode="drop", min_bytes=0):
+            y = spillway.checkpoint(grows, x).sum()
+        with self.assertRaisesRegex(RuntimeError, "not deterministic"):
+            y.backward()
+
+
+if __name__ == "__main__":
+    unittest.main()

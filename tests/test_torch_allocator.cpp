@@ -1,0 +1,282 @@
+// test_torch_allocator: spillway's c10 CUDAAllocator (torch_plugin/torch_allocator.hpp), built
+// against the installed torch, driven on the simulated device.
+//
+// Proves what PyTorch relies on: DataPtrs whose deleter frees, size 0, stats and their resets in
+// c10's layout, snapshots with memory-history contexts and traces, OOM as c10::OutOfMemoryError
+// with the observers called, cacheInfo, memory fraction as a budget, getBaseAllocation, the
+// memory info torch reports, and a NotImplementedError naming each unsupported feature. Every
+// failure path leaves the allocator's state unchanged.
+// Not here (needs a GPU): recordStream on real CUDA streams, memcpyAsync, enablePeerAccess, and
+// installation into a process that runs CUDA kernels (bench/gpu_suite.sh runs those).
+#include <doctest/doctest.h>
+
+#include <c10/util/Exception.h>
+
+#include <memory>
+#include <string>
+
+#include "config_string.hpp"
+#include "torch_allocator.hpp"
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+using spillway::parse_config;
+using spillway::stream_ref;
+using spillway::torch_plugin::torch_allocator;
+using spillway::torch_plugin::torch_context;
+using TraceAction = c10::CachingDeviceAllocator::TraceEntry::Action;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+torch_context sim_context() {
+  return {[] { return c10::DeviceIndex{0}; }, [](c10::DeviceIndex) { return stream_ref{}; }};
+}
+
+std::unique_ptr<torch_allocator> make(const std::string& conf = "budget:64MiB") {
+  return std::make_unique<torch_allocator>(parse_config("backend:sim,sim_capacity:1GiB," + conf),
+                                           sim_context());
+}
+
+struct tagged_context : c10::GatheredContext {
+  explicit tagged_context(int t) : tag(t) {}
+  int tag;
+};
+int next_tag = 0;
+std::shared_ptr<c10::GatheredContext> record_tag() { return std::make_shared<tagged_context>(++next_tag); }
+
+std::int64_t allocated_now(torch_allocator& a) {
+  return a.getDeviceStats(0).allocated_bytes[0].current;
+}
+
+}  // namespace
+
+TEST_CASE("DataPtrs: the deleter frees, size 0 is null, the device is CUDA") {
+  auto a = make();
+  {
+    c10::DataPtr p = a->allocate(3 * MiB);
+    CHECK(p.get() != nullptr);
+    CHECK(p.device() == c10::Device(c10::DeviceType::CUDA, 0));
+    CHECK(static_cast<bool>(p.get_deleter() == a->raw_deleter()));
+    CHECK(allocated_now(*a) == static_cast<std::int64_t>(3 * MiB));
+    CHECK(a->getDeviceStats(0).requested_bytes[0].current == static_cast<std::int64_t>(3 * MiB));
+  }
+  CHECK(allocated_now(*a) == 0);
+  c10::DataPtr empty = a->allocate(0);
+  CHECK(empty.get() == nullptr);
+  void* raw = a->raw_alloc(1000);
+  CHECK(allocated_now(*a) == 1024);
+  a->raw_delete(raw);
+  a->raw_delete(nullptr);  // a no-op, as cudaFree(nullptr)
+  CHECK(allocated_now(*a) == 0);
+  CHECK(a->name() == "spillway");
+}
+
+TEST_CASE("stats in c10's layout, and their resets") {
+  auto a = make();
+  void* p = a->raw_alloc(10 * MiB);
+  void* q = a->raw_alloc(100);
+  auto s = a->getDeviceStats(0);
+  CHECK(s.allocation[0].current == 2);
+  CHECK(s.allocation[1].current == 1);  // small pool
+  CHECK(s.allocation[2].current == 1);  // large pool
+  CHECK(s.reserved_bytes[0].current >= static_cast<std::int64_t>(10 * MiB + 512));
+  CHECK(s.num_device_alloc == s.segment[0].current);
+  a->raw_delete(p);
+  a->raw_delete(q);
+  s = a->getDeviceStats(0);
+  CHECK(s.allocated_bytes[0].peak >= static_cast<std::int64_t>(10 * MiB));
+  a->resetPeakStats(0);
+  CHECK(a->getDeviceStats(0).allocated_bytes[0].peak == 0);
+  CHECK(a->getDeviceStats(0).allocation[0].allocated == 2);
+  a->resetAccumulatedStats(0);
+  CHECK(a->getDeviceStats(0).allocation[0].allocated == 0);
+  CHECK_THROWS_AS(a->getDeviceStats(1), c10::IndexError);
+}
+
+TEST_CASE("out of memory: c10::OutOfMemoryError, observers called, nothing changed") {
+  auto a = make("budget:16MiB");
+  void* p = a->raw_alloc(4 * MiB);
+  int calls = 0;
+  std::size_t seen_allocated = 0, seen_total = 0;
+  a->attachOutOfMemoryObserver([&](int64_t device, size_t allocated, size_t total, size_t) {
+    ++calls;
+    CHECK(device == 0);
+    seen_allocated = allocated;
+    seen_total = total;
+  });
+  const auto before = a->getDeviceStats(0);
+  try {
+    (void)a->allocate(64 * MiB);
+    FAIL("no error");
+  } catch (const c10::OutOfMemoryError& e) {
+    const std::string what = e.what_without_backtrace();
+    CHECK(what.find("CUDA out of memory") != std::string::npos);
+    CHECK(what.find("budget 16.00 MiB") != std::string::npos);
+  }
+  CHECK(calls == 1);
+  CHECK(seen_allocated == 4 * MiB);
+  CHECK(seen_total == std::size_t{1} << 30);
+  const auto after = a->getDeviceStats(0);
+  CHECK(after.num_ooms == before.num_ooms + 1);
+  CHECK(after.allocated_bytes[0].current == before.allocated_bytes[0].current);
+  a->raw_delete(p);
+}
+
+TEST_CASE("snapshot: segments and blocks, with history contexts and traces") {
+  auto a = make();
+  a->recordHistory(true, &record_tag, 100, cca::RecordContext::ALL, true, {});
+  CHECK(a->isHistoryEnabled());
+  void* p = a->raw_alloc(3 * MiB);
+  void* q = a->raw_alloc(5 * MiB);
+  const int tag_of_p = next_tag - 1;
+  a->raw_delete(q);
+
+  auto snap = a->snapshot();
+  REQUIRE(snap.segments.size() >= 1);
+  const auto& seg = snap.segments[0];
+  CHECK(seg.device == 0);
+  CHECK(seg.is_large);
+  CHECK(seg.allocated_size == 3 * MiB);
+  std::size_t tiled = 0;
+  int live = 0;
+  for (const auto& b : seg.blocks) {
+    tiled += b.size;
+    if (b.allocated) {
+      ++live;
+      auto ctx = std::dynamic_pointer_cast<tagged_context>(b.context_when_allocated);
+      REQUIRE(ctx != nullptr);
+      CHECK(ctx->tag == tag_of_p);
+    }
+  }
+  CHECK(tiled == seg.total_size);
+  CHECK(live == 1);
+
+  REQUIRE(snap.device_traces.size() == 1);
+  const auto& trace = snap.device_traces[0];
+  REQUIRE(trace.size() == 4);
+  CHECK(trace[0].action_ == TraceAction::ALLOC);
+  CHECK(trace[0].addr_ == reinterpret_cast<std::size_t>(p));
+  CHECK(trace[0].size_ == 3 * MiB);
+  CHECK(trace[1].action_ == TraceAction::ALLOC);
+  CHECK(trace[2].action_ == TraceAction::FREE_REQUESTED);
+  CHECK(trace[3].action_ == TraceAction::FREE_COMPLETED);
+  CHECK(trace[2].context_ != nullptr);  // ALL: frees carry a context too
+
+  // skip_actions and the ring size.
+  a->recordHistory(true, &record_tag, 2, cca::RecordContext::STATE, true, {"free_completed"});
+  for (int i = 0; i < 3; ++i) a->raw_delete(a->raw_alloc(MiB));
+  auto ring = a->snapshot().device_traces[0];
+  REQUIRE(ring.size() == 2);
+  CHECK(ring[0].action_ == TraceAction::ALLOC);
+  CHECK(ring[1].action_ == TraceAction::FREE_REQUESTED);
+  CHECK(ring[0].context_ == nullptr);  // STATE keeps contexts for live blocks only
+
+  CHECK_THROWS_AS(a->recordHistory(true, &record_tag, 2, cca::RecordContext::STATE, true, {"fly"}),
+                  c10::Error);
+  a->recordHistory(false, nullptr, 0, cca::RecordContext::NEVER, true, {});
+  CHECK_FALSE(a->isHistoryEnabled());
+  CHECK(a->snapshot().device_traces[0].empty());
+  CHECK(a->snapshot({0, 0}, false).device_traces.empty());
+  a->raw_delete(p);
+}
+
+TEST_CASE("trace trackers see every event") {
+  auto a = make();
+  int events = 0;
+  a->attachAllocatorTraceTracker([&](const c10::CachingDeviceAllocator::TraceEntry&) { ++events; });
+  a->raw_delete(a->raw_alloc(MiB));
+  CHECK(events == 3);  // alloc, free requested, free completed
+}
+
+TEST_CASE("cacheInfo, empty_cache, memory info, memory fraction") {
+  auto a = make("budget:64MiB");
+  size_t largest = 0;
+  a->cacheInfo(0, &largest);
+  CHECK(largest == 64 * MiB);  // nothing cached: the budget's headroom
+  a->raw_delete(a->raw_alloc(8 * MiB));
+  a->cacheInfo(0, &largest);
+  CHECK(largest >= 8 * MiB);
+  auto [free, total] = a->getMemoryInfo(0);
+  CHECK(total == 64 * MiB);
+  CHECK(free == 64 * MiB);
+  a->emptyCache();
+  CHECK(a->getDeviceStats(0).reserved_bytes[0].current == 0);
+  CHECK_THROWS_AS(a->emptyCache({1, 2}), c10::NotImplementedError);
+
+  a->setMemoryFraction(0.5, 0);
+  CHECK(a->device(0).budget() == 512 * MiB);
+  CHECK(a->getMemoryFraction(0) == doctest::Approx(0.5));
+  CHECK_THROWS_AS(a->setMemoryFraction(1.5, 0), c10::ValueError);
+  CHECK(a->device(0).budget() == 512 * MiB);
+  void* p = a->raw_alloc(40 * MiB);
+  CHECK_THROWS_AS(a->setMemoryFraction(0.01, 0), c10::ValueError);  // below live memory
+  CHECK(a->device(0).budget() == 512 * MiB);
+  a->raw_delete(p);
+  a->setMemoryFraction(1.0, 0);
+  CHECK(a->getMemoryFraction(0) == doctest::Approx(1.0));
+}
+
+TEST_CASE("getBaseAllocation and foreign pointers") {
+  auto a = make();
+  void* p = a->raw_alloc(MiB);
+  void* q = a->raw_alloc(MiB);
+  size_t size = 0;
+  void* base = a->getBaseAllocation(q, &size);
+  CHECK(base == p);  // 1 MiB is small-pool: both split from one 2 MiB segment, p first
+  CHECK(size == 2 * MiB);
+  int local = 0;
+  CHECK_THROWS_AS(a->getBaseAllocation(&local, &size), c10::Error);
+  CHECK_THROWS_AS(a->raw_delete(&local), c10::Error);
+  const auto before = a->getDeviceStats(0);
+  CHECK_FALSE(a->release(&local));
+  CHECK(a->getDeviceStats(0).allocated_bytes[0].current == before.allocated_bytes[0].current);
+  a->raw_delete(p);
+  a->raw_delete(q);
+}
+
+TEST_CASE("expandable segments are listed per stream") {
+  auto a = make("budget:64MiB,expandable_segments:True");
+  CHECK(a->getExpandableSegmentSizes(0).empty());
+  void* p = a->raw_alloc(6 * MiB);
+  auto sizes = a->getExpandableSegmentSizes(0);
+  REQUIRE(sizes.size() == 1);
+  CHECK_FALSE(sizes[0].is_small_pool);
+  CHECK(sizes[0].total_size >= 6 * MiB);
+  a->raw_delete(p);
+}
+
+TEST_CASE("unsupported features raise NotImplementedError naming the feature") {
+  auto a = make();
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const c10::NotImplementedError& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("no error");
+  };
+  CHECK(message([&] { a->beginAllocateToPool(0, {1, 1}, nullptr); }).find("beginAllocateToPool") !=
+        std::string::npos);
+  CHECK(message([&] { a->shareIpcHandle(nullptr); }).find("CUDA IPC") != std::string::npos);
+  CHECK(message([&] { a->getIpcDevPtr("x"); }).find("CUDA IPC") != std::string::npos);
+  CHECK(message([&] { a->getCheckpointState(0, {1, 1}); }).find("getCheckpointState") !=
+        std::string::npos);
+  a->endAllocateToPool(0, {1, 1});  // never begun: nothing to do, no error
+  a->releasePool(0, {1, 1});
+}
+
+TEST_CASE("init checks the device count; enable(false) keeps nothing cached") {
+  auto a = make();
+  CHECK_FALSE(a->initialized());
+  CHECK_THROWS_AS(a->init(2), c10::Error);
+  a->init(1);
+  CHECK(a->initialized());
+  a->enable(false);
+  CHECK_FALSE(a->isEnabled());
+  a->raw_delete(a->raw_alloc(MiB));
+  CHECK(a->getDeviceStats(0).reserved_bytes[0].current == 0);
+  a->enable(true);
+  a->raw_delete(a->raw_alloc(MiB));
+  CHECK(a->getDeviceStats(0).reserved_bytes[0].current > 0);
+}

@@ -1,0 +1,159 @@
+"""The spillway Python package on the simulated device: install, SPILLWAY_CONF, budgets, stats and
+the allocator's pressure callback to the activations manager. Each case that installs runs in a
+fresh interpreter (an allocator is installed once per process).
+
+Run by ctest with spillway's build tree on PYTHONPATH (tests/CMakeLists.txt).
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+import unittest
+
+
+def run(code, conf=None):
+    env = dict(os.environ)
+    env.pop("SPILLWAY_CONF", None)
+    if conf is not None:
+        env["SPILLWAY_CONF"] = conf
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+class Package(unittest.TestCase):
+    def check(self, code, conf=None):
+        rc, out, err = run(code, conf)
+        self.assertEqual(rc, 0, f"stdout:\n{out}\nstderr:\n{err}")
+        return out
+
+    def test_install_budget_stats_on_the_simulated_device(self):
+        self.check("""
+            import spillway, spillway._C as C
+            cfg = spillway.install(budget="64MiB", backend="sim", sim_capacity="1GiB")
+            assert cfg["budget"] == 64 << 20 and cfg["backend"] == "sim", cfg
+            assert spillway.is_installed()
+            assert spillway.get_budget() == 64 << 20
+            p = C.raw_alloc(8 << 20)
+            s = spillway.stats()
+            assert s["allocated_bytes.all.current"] == 8 << 20, s
+            assert s["budget"] == 64 << 20
+            with spillway.budget("32MiB") as report:
+                assert report["budget"] == 32 << 20 and report["shortfall"] == 0, report
+                assert spillway.get_budget() == 32 << 20
+            assert spillway.get_budget() == 64 << 20
+            spillway.set_budget(None)
+            assert spillway.get_budget() is None
+            C.raw_free(p)
+            assert spillway.empty_cache() > 0
+            assert spillway.stats()["reserved_bytes.all.current"] == 0
+        """)
+
+    def test_out_of_memory_is_torch_out_of_memory_error_naming_the_budget(self):
+        out = self.check("""
+            import torch, spillway, spillway._C as C
+            spillway.install(budget="16MiB", backend="sim")
+            try:
+                C.raw_alloc(64 << 20)
+            except torch.OutOfMemoryError as e:
+                print(e)
+            else:
+                raise SystemExit("no error")
+            assert spillway.stats()["num_ooms"] == 1
+        """)
+        self.assertIn("budget 16.00 MiB", out)
+        self.assertIn("64.00 MiB", out)
+
+    def test_spillway_conf_is_read_at_import_and_keywords_override_it(self):
+        self.check("""
+            import spillway
+            assert spillway.ENV_CONF.startswith("budget:24MiB")
+            cfg = spillway.install(backend="sim")
+            assert cfg["budget"] == 24 << 20, cfg
+        """, conf="budget:24MiB,backend:cuda")
+        self.check("""
+            import spillway
+            cfg = spillway.install(budget=8 << 20)
+            assert cfg["budget"] == 8 << 20 and cfg["backend"] == "sim", cfg
+        """, conf="budget:24MiB,backend:sim")
+
+    def test_bad_spillway_conf_fails_at_import_naming_the_key(self):
+        rc, out, err = run("import spillway", conf="budget:12 parsecs")
+        self.assertNotEqual(rc, 0)
+        self.assertIn('bad value "12 parsecs" for key "budget"', err)
+        rc, out, err = run("import spillway", conf="budgt:1GiB")
+        self.assertNotEqual(rc, 0)
+        self.assertIn("budgt", err)
+
+    def test_bad_arguments_and_misuse(self):
+        self.check("""
+            import spillway
+            def raises(kind, text, f, *a, **k):
+                try:
+                    f(*a, **k)
+                except kind as e:
+                    assert text in str(e), (text, str(e))
+                else:
+                    raise AssertionError(f"{f.__name__}{a}{k} did not raise")
+            raises(ValueError, "not installed", spillway.set_budget, 1 << 20)
+            raises(ValueError, "expandable_segments", spillway.install, backend="sim",
+                   expandable_segments="maybe")
+            raises(ValueError, 'bad value "tpu" for key "backend"', spillway.install, backend="tpu")
+            spillway.install(backend="sim", budget="64MiB")
+            raises(ValueError, "already installed", spillway.install, backend="sim")
+            raises(ValueError, "size -5 is invalid", spillway.set_budget, -5)
+            raises(ValueError, "invalid device 3", spillway.set_budget, 1 << 20, device=3)
+        """)
+
+    def test_budget_below_live_memory_is_refused_and_the_old_one_stays(self):
+        self.check("""
+            import spillway, spillway._C as C
+            spillway.install(backend="sim", budget="64MiB")
+            p = C.raw_alloc(32 << 20)
+            try:
+                spillway.set_budget("8MiB")
+            except ValueError as e:
+                assert "8.00 MiB" in str(e), e
+            else:
+                raise SystemExit("no error")
+            assert spillway.get_budget() == 64 << 20
+        """)
+
+    def test_allocator_pressure_calls_the_activations_manager(self):
+        # CPU tensors never reach the allocator, so pressure comes from a raw allocation over the
+        # budget: the allocator calls the manager an activations() block registered, which evicts
+        # (spills) every saved activation it may. Those are CPU storages, so the device gains
+        # nothing and the allocation still fails, with the manager's answer in the message.
+        self.check("""
+            import torch, spillway, spillway._C as C
+            spillway.install(backend="sim", budget="16MiB")
+            model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+            with spillway.activations(mode="spill", min_bytes=0) as acts:
+                loss = model(torch.randn(256, 512)).sum()
+            assert acts.stats()["spills"] == 0
+            held = C.raw_alloc(15 << 20)
+            try:
+                C.raw_alloc(8 << 20)
+            except torch.OutOfMemoryError as e:
+                # the weights, which the model holds, could not be evicted
+                assert "are pinned" in str(e), e
+            else:
+                raise SystemExit("no error")
+            s = spillway.stats()
+            assert s["num_pressure_handler_calls"] >= 1, s
+            assert acts.stats()["spills"] == 4, acts.stats()   # the input and three activations
+            assert s["activations.spills"] >= 4, s
+            loss.backward()                 # spilled activations come back
+            assert acts.stats()["restores"] == 4, acts.stats()
+            acts.close()
+            try:
+                C.raw_alloc(8 << 20)
+            except torch.OutOfMemoryError:
+                pass
+            assert spillway.stats()["num_pressure_handler_calls"] == s["num_pressure_handler_calls"]
+        """)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,155 @@
+"""spillway: run PyTorch training inside a GPU memory budget.
+
+    import spillway
+    spillway.install(budget="8GiB", policy="dtr")     # before the first CUDA use
+    with spillway.activations():                     # saved activations become evictable
+        loss = model(x).sum()
+        loss.backward()
+    spillway.stats()
+
+The allocator
+- install(budget=..., policy=..., **settings) makes spillway PyTorch's CUDA allocator (the whole
+  c10 CUDAAllocator interface: torch.cuda.memory_stats, memory_summary, _snapshot and empty_cache
+  keep working). It must run before CUDA memory is first allocated. Its settings are those of the
+  SPILLWAY_CONF environment variable (docs/integration.md), which is read and checked when this
+  package is imported; keyword arguments override it.
+- set_budget(bytes, device=None), the budget(bytes, device=None) context manager and stats(device=None)
+  change and read the budget of the installed allocator. Sizes are ints or strings like "8GiB".
+- backend "sim" installs spillway on its simulated device instead, detached from torch (no CUDA
+  kernel can run there): for tests and tools on machines without a GPU.
+
+Activations (spillway.activations, spillway.checkpoint, spillway.Sequential): see saved_activations.py.
+
+Errors: bad settings raise ValueError naming the setting and what was expected; out of memory raises
+torch.OutOfMemoryError with spillway's account of the budget; unsupported allocator features
+(CUDA graph pools, CUDA IPC) raise NotImplementedError naming the feature.
+"""
+
+import contextlib
+import os
+
+import torch
+
+from . import _C
+from .saved_activations import (ActivationManager, Sequential, activations, checkpoint,
+                          checkpoint_sequential)
+
+__all__ = ["install", "is_installed", "set_budget", "get_budget", "budget", "stats", "empty_cache",
+           "activations", "checkpoint", "checkpoint_sequential", "Sequential", "ActivationManager",
+           "parse_size", "ENV_CONF"]
+
+# SPILLWAY_CONF, read once at import and checked now, so that a typo fails at the first line that
+# imports spillway rather than at the first allocation.
+ENV_CONF = os.environ.get("SPILLWAY_CONF", "")
+_env_settings = _C.parse_config(ENV_CONF)
+
+
+def parse_size(value):
+    """An int number of bytes, or None for "no limit", from an int or a size string ("8GiB")."""
+    if value is None or isinstance(value, bool):
+        if value is None:
+            return None
+        raise ValueError(f"spillway: size {value!r} is invalid: expected an int or a string like '8GiB'")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"spillway: size {value} is invalid: expected a non-negative number of bytes")
+        return value
+    if isinstance(value, str):
+        return _C.parse_config(f"budget:{value}")["budget"]
+    raise ValueError(f"spillway: size {value!r} is invalid: expected an int or a string like '8GiB'")
+
+
+def _conf_text(settings):
+    def text(v):
+        return str(v) if not isinstance(v, bool) else ("True" if v else "False")
+    return ",".join(f"{k}:{text(v)}" for k, v in settings.items() if v is not None)
+
+
+def install(budget=None, policy=None, **settings):
+    """Installs spillway as PyTorch's CUDA allocator (or on the simulated device: backend="sim").
+
+    budget: bytes or a size string, the cap on reserved device memory; budget_fraction=f instead
+    caps it at f x device memory. policy: the eviction policy of spillway.activations() ("dtr",
+    "lru", "largest"). Other keywords are SPILLWAY_CONF keys (expandable_segments, backend,
+    sim_capacity, device). Keywords override SPILLWAY_CONF. Call it once, before the first CUDA use.
+    """
+    merged = {}
+    if ENV_CONF.strip():
+        for item in ENV_CONF.split(","):
+            if item.strip():
+                key, _, value = item.partition(":")
+                merged[key.strip()] = value.strip()
+    if budget is not None:
+        merged.pop("budget_fraction", None)
+        merged["budget"] = parse_size(budget)
+    if settings.get("budget_fraction") is not None:
+        merged.pop("budget", None)
+    if policy is not None:
+        merged["policy"] = policy
+    merged.update({k: v for k, v in settings.items() if v is not None})
+    text = _conf_text(merged)
+    config = _C.parse_config(text)  # ValueError names a bad key or value
+    if config["backend"] == "cuda" and torch.cuda.is_initialized():
+        raise RuntimeError("spillway.install: CUDA is already initialised in this process; call "
+                           "spillway.install() before the first CUDA use (tensor, model.cuda(), "
+                           "torch.cuda.* call), e.g. at the top of the script")
+    _C.install(text)
+    from . import saved_activations as _activations
+    _activations._set_default_policy(config["policy"] or "dtr")
+    return config
+
+
+def is_installed():
+    return _C.is_installed()
+
+
+def _device_index(device):
+    if device is None:
+        if _C.is_installed() and _C.backend() == "cuda" and torch.cuda.is_initialized():
+            return torch.cuda.current_device()
+        return 0
+    if isinstance(device, torch.device):
+        return 0 if device.index is None else device.index
+    if isinstance(device, str):
+        return _device_index(torch.device(device))
+    return int(device)
+
+
+def set_budget(bytes, device=None):
+    """Sets the budget of `device` (default: the current one); None removes it. Lowering it releases
+    cached memory first and then asks the eviction handlers. Returns a dict: budget, reserved,
+    released, shortfall (bytes over the new budget still in use; 0 when it was met). A budget below
+    the memory that cannot be freed raises ValueError and leaves the old one in force."""
+    return _C.set_budget(_device_index(device), parse_size(bytes))
+
+
+def get_budget(device=None):
+    """The budget of `device` in bytes, or None when it has none."""
+    return _C.get_budget(_device_index(device))
+
+
+@contextlib.contextmanager
+def budget(bytes, device=None):
+    """Within the block, `device` has this budget; the previous one is restored on exit."""
+    index = _device_index(device)
+    previous = _C.get_budget(index)
+    report = _C.set_budget(index, parse_size(bytes))
+    try:
+        yield report
+    finally:
+        _C.set_budget(index, previous)
+
+
+def stats(device=None):
+    """spillway's statistics of `device`: the allocator's (keys as torch.cuda.memory_stats(), plus
+    budget and pressure counters) and, under "activations.", those of the activation managers."""
+    from . import saved_activations as _activations
+    out = _C.stats(_device_index(device)) if _C.is_installed() else {}
+    for key, value in _activations._totals().items():
+        out["activations." + key] = value
+    return out
+
+
+def empty_cache():
+    """Releases spillway's cached device memory (torch.cuda.empty_cache() does the same)."""
+    return _C.empty_cache()

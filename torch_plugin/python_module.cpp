@@ -1,0 +1,226 @@
+// python_module.cpp: spillway._C, the native half of the `spillway` Python package
+// (torch_plugin/python/spillway). The package's docstrings are the user contract; this is the thin
+// layer under them.
+//
+// - install(conf): builds a torch_allocator from a SPILLWAY_CONF text. With backend "cuda" it
+//   becomes PyTorch's CUDA allocator (torch_allocator.hpp); with backend "sim" it is a detached
+//   allocator on the simulated device that torch never uses (tests and tools drive it through
+//   raw_alloc / raw_free), because no CUDA kernel can run on simulated memory.
+// - Errors become Python exceptions by kind: invalid input ValueError, a bad device index
+//   IndexError, out of memory torch.OutOfMemoryError, an unsupported feature NotImplementedError,
+//   anything else RuntimeError. Messages are spillway's, which name the value and what was expected.
+// - Pressure callbacks: a Python callable (device, bytes, shortfall) -> (freed, pinned) that the
+//   allocator calls, with the GIL taken, when an allocation does not fit the budget. The
+//   activations manager (spillway/activations.py) is one.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <c10/util/Exception.h>
+
+#include <memory>
+#include <string>
+
+#include "config_string.hpp"
+#include "spillway/errors.hpp"
+#include "torch_allocator.hpp"
+
+namespace py = pybind11;
+using namespace spillway;
+using spillway::torch_plugin::torch_allocator;
+
+namespace {
+
+// The allocator install() made (installed into torch or detached). Never destroyed: tensors and
+// torch's own statics may use it until the process is gone.
+std::shared_ptr<torch_allocator>& current = *new std::shared_ptr<torch_allocator>;
+
+torch_allocator& require_installed(const char* caller) {
+  if (!current) {
+    throw spillway::invalid_argument(std::string("spillway.") + caller +
+                                     ": spillway is not installed; call spillway.install() first");
+  }
+  return *current;
+}
+
+torch_plugin::torch_context sim_context() {
+  return {[] { return c10::DeviceIndex{0}; }, [](c10::DeviceIndex) { return stream_ref{}; }};
+}
+
+py::dict stats_dict(const memory_stats& s) {
+  py::dict d;
+  const char* type_names[stat_type_count] = {"all", "small_pool", "large_pool"};
+  auto put = [&](const char* name, const stat_array& a) {
+    for (int t = 0; t < stat_type_count; ++t) {
+      const std::string prefix = std::string(name) + "." + type_names[t] + ".";
+      d[py::str(prefix + "current")] = a[t].current;
+      d[py::str(prefix + "peak")] = a[t].peak;
+      d[py::str(prefix + "allocated")] = a[t].allocated;
+      d[py::str(prefix + "freed")] = a[t].freed;
+    }
+  };
+  put("allocation", s.allocation);
+  put("segment", s.segment);
+  put("active", s.active);
+  put("inactive_split", s.inactive_split);
+  put("allocated_bytes", s.allocated_bytes);
+  put("reserved_bytes", s.reserved_bytes);
+  put("active_bytes", s.active_bytes);
+  put("inactive_split_bytes", s.inactive_split_bytes);
+  put("requested_bytes", s.requested_bytes);
+  d["num_alloc_retries"] = s.num_alloc_retries;
+  d["num_ooms"] = s.num_ooms;
+  d["num_sync_all_streams"] = s.num_sync_all_streams;
+  d["num_device_alloc"] = s.num_device_alloc;
+  d["num_device_free"] = s.num_device_free;
+  d["num_invalid_frees"] = s.num_invalid_frees;
+  d["budget"] = s.budget;
+  d["num_pressure_handler_calls"] = s.num_pressure_handler_calls;
+  d["pressure_handler_freed_bytes"] = s.pressure_handler_freed_bytes;
+  return d;
+}
+
+py::object budget_value(std::size_t bytes) {
+  return bytes == unlimited_budget ? py::object(py::none()) : py::object(py::int_(bytes));
+}
+
+// A Python callable kept by C++: released with the GIL held, whichever thread drops it.
+std::shared_ptr<py::function> keep(py::function fn) {
+  return std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {
+    py::gil_scoped_acquire gil;
+    delete f;
+  });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "spillway's native module; use the spillway package";
+
+  // Exception translation, most specific first (pybind11 tries the last registered first).
+  // Leaked on purpose: it must not be released after the interpreter has finalised.
+  static py::handle torch_oom =
+      py::object(py::module_::import("torch").attr("OutOfMemoryError")).release();
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const c10::OutOfMemoryError& e) {
+      PyErr_SetString(torch_oom.ptr(), e.what_without_backtrace());
+    } catch (const c10::NotImplementedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
+    } catch (const c10::ValueError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    } catch (const c10::IndexError& e) {
+      PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    } catch (const spillway::out_of_memory& e) {
+      PyErr_SetString(torch_oom.ptr(), e.what());
+    }
+  });
+
+  m.def("parse_config",
+        [](const std::string& text) {
+          const plugin_config c = parse_config(text);
+          py::dict d;
+          d["budget"] = budget_value(c.allocator.budget);
+          d["budget_fraction"] = c.budget_fraction ? py::object(py::float_(*c.budget_fraction)) : py::none();
+          d["expandable_segments"] = c.allocator.expandable_segments;
+          d["backend"] = c.backend;
+          d["policy"] = c.policy;
+          d["device"] = c.device ? py::object(py::int_(*c.device)) : py::none();
+          d["sim_capacity"] = c.sim_capacity;
+          return d;
+        },
+        py::arg("text"), "Parses a SPILLWAY_CONF text; ValueError names the bad setting.");
+
+  m.def("install",
+        [](const std::string& text) {
+          if (current) {
+            throw spillway::invalid_argument(
+                "spillway.install: spillway is already installed in this process (an allocator "
+                "cannot be swapped once tensors may hold its memory)");
+          }
+          plugin_config config = parse_config(text);
+          const bool sim = config.backend == "sim";
+          auto allocator = std::make_shared<torch_allocator>(
+              std::move(config), sim ? sim_context() : torch_plugin::cuda_context());
+          if (!sim) torch_plugin::install(allocator);
+          current = std::move(allocator);
+        },
+        py::arg("conf"));
+
+  m.def("is_installed", [] { return current != nullptr; });
+  m.def("backend", [] { return require_installed("backend").config().backend; });
+  m.def("device_count", [] { return require_installed("device_count").devices().device_count(); });
+
+  m.def("set_budget",
+        [](int device, std::optional<std::size_t> bytes) {
+          torch_allocator& a = require_installed("set_budget");
+          const budget_report r =
+              a.devices().device(device).set_budget(bytes.value_or(unlimited_budget));
+          py::dict d;
+          d["budget"] = budget_value(r.budget);
+          d["reserved"] = r.reserved;
+          d["released"] = r.released;
+          d["shortfall"] = r.shortfall;
+          return d;
+        },
+        py::arg("device"), py::arg("bytes"));
+
+  m.def("get_budget", [](int device) {
+    return budget_value(require_installed("get_budget").devices().device(device).budget());
+  });
+
+  m.def("stats", [](int device) {
+    torch_allocator& a = require_installed("stats");
+    py::gil_scoped_release no_gil;  // stats() takes the device lock
+    memory_stats s = a.devices().device(device).stats();
+    py::gil_scoped_acquire gil;
+    return stats_dict(s);
+  });
+
+  m.def("empty_cache", [] {
+    torch_allocator& a = require_installed("empty_cache");
+    py::gil_scoped_release no_gil;
+    return a.devices().empty_cache();
+  });
+
+  // Raw device memory, for tests and tools on the simulated device.
+  m.def("raw_alloc",
+        [](std::size_t bytes, int device) {
+          torch_allocator& a = require_installed("raw_alloc");
+          py::gil_scoped_release no_gil;  // the pressure path may call back into Python
+          return reinterpret_cast<std::uintptr_t>(a.devices().allocate(device, bytes, stream_ref{}));
+        },
+        py::arg("bytes"), py::arg("device") = 0);
+  m.def("raw_free", [](std::uintptr_t ptr) {
+    torch_allocator& a = require_installed("raw_free");
+    py::gil_scoped_release no_gil;
+    return a.release(reinterpret_cast<void*>(ptr));
+  });
+
+  m.def("add_pressure_callback", [](py::function fn) {
+    torch_allocator& a = require_installed("add_pressure_callback");
+    std::shared_ptr<py::function> callback = keep(std::move(fn));
+    return a.devices().add_pressure_handler([callback](const pressure_request& r) -> pressure_result {
+      py::gil_scoped_acquire gil;
+      try {
+        auto [freed, pinned] = (*callback)(r.device, r.bytes, r.shortfall)
+                                   .cast<std::pair<std::size_t, std::size_t>>();
+        return {freed, pinned};
+      } catch (py::error_already_set& e) {
+        // The allocator cannot take a Python exception: report it and free nothing.
+        e.discard_as_unraisable("spillway pressure callback");
+        return {};
+      } catch (const py::cast_error&) {
+        PyErr_WarnEx(PyExc_RuntimeWarning,
+                     "spillway pressure callback: expected a (freed, pinned) pair of ints", 1);
+        return {};
+      }
+    });
+  });
+  m.def("remove_pressure_callback", [](std::uint64_t id) {
+    require_installed("remove_pressure_callback").devices().remove_pressure_handler(id);
+  });
+}

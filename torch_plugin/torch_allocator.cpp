@@ -1,0 +1,358 @@
+// torch_allocator.cpp: allocation, freeing, budgets and the unsupported features of torch_allocator.
+// Statistics and snapshots are in torch_allocator_state.cpp. The contract is in torch_allocator.hpp.
+#include "torch_allocator.hpp"
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+
+#include "plugin_backends.hpp"
+#include "spillway/errors.hpp"
+
+namespace spillway::torch_plugin {
+
+using c10::CachingDeviceAllocator::TraceEntry;
+
+namespace {
+
+// Every live torch_allocator, for the DataPtr deleter (a plain function: it gets only the pointer).
+// The installed one is looked at first, without the lock. These are never destroyed, so that
+// allocators and tensors destroyed at exit, in any order, still find them.
+std::mutex& live_mutex = *new std::mutex;
+std::vector<torch_allocator*>& live_allocators = *new std::vector<torch_allocator*>;
+std::atomic<torch_allocator*> installed_allocator{nullptr};
+// Keeps the installed allocator alive: tensors may outlive everything else.
+std::shared_ptr<torch_allocator>& installed_owner = *new std::shared_ptr<torch_allocator>;
+
+std::string pointer_text(const void* p) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%p", p);
+  return text;
+}
+
+plugin_allocator make_devices(const plugin_config& config) {
+  backend_set backends = make_backends(config);
+  return plugin_allocator(config, backends.device_count, std::move(backends.make),
+                          [](const std::string& message) { std::cerr << message << '\n'; });
+}
+
+}  // namespace
+
+// The deleter of every DataPtr spillway hands out. Never throws: it runs in destructors.
+void delete_tensor_memory(void* ptr) noexcept;
+
+torch_context cuda_context() {
+  return {[] { return c10::cuda::current_device(); },
+          [](c10::DeviceIndex device) {
+            return stream_ref{reinterpret_cast<std::uintptr_t>(
+                c10::cuda::getCurrentCUDAStream(device).stream())};
+          }};
+}
+
+torch_allocator::torch_allocator(plugin_config config, torch_context context)
+    : config_(std::move(config)), context_(std::move(context)), devices_(make_devices(config_)) {
+  std::lock_guard lock(live_mutex);
+  live_allocators.push_back(this);
+}
+
+torch_allocator::~torch_allocator() {
+  std::lock_guard lock(live_mutex);
+  live_allocators.erase(std::find(live_allocators.begin(), live_allocators.end(), this));
+  torch_allocator* self = this;
+  installed_allocator.compare_exchange_strong(self, nullptr);
+}
+
+// --- allocation -------------------------------------------------------------------------------
+
+void torch_allocator::checked_index(c10::DeviceIndex device, const char* caller) const {
+  TORCH_CHECK_INDEX(device >= 0 && device < devices_.device_count(), "spillway: ", caller,
+                    ": device ", static_cast<int>(device), " is out of range: expected 0 to ",
+                    devices_.device_count() - 1);
+}
+
+device_allocator& torch_allocator::checked_device(c10::DeviceIndex device, const char* caller) {
+  checked_index(device, caller);
+  return devices_.device(device);
+}
+
+void* torch_allocator::allocate_on(c10::DeviceIndex device, size_t nbytes, stream_ref stream) {
+  checked_device(device, "allocate");
+  if (nbytes == 0) return nullptr;
+  void* ptr = nullptr;
+  try {
+    ptr = devices_.allocate(device, nbytes, stream);
+  } catch (const out_of_memory& e) {
+    fail_out_of_memory(device, e);
+  } catch (const invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+  history_.record(TraceEntry::ALLOC, device, ptr, nbytes, reinterpret_cast<void*>(stream.value));
+  return ptr;
+}
+
+void torch_allocator::fail_out_of_memory(c10::DeviceIndex device, const std::exception& error) {
+  device_allocator& d = devices_.device(device);
+  const auto allocated = static_cast<size_t>(
+      std::max<std::int64_t>(0, d.stats().allocated_bytes[0].current));
+  const size_t device_total = d.backend().total_memory();
+  const size_t device_free = d.backend().free_memory();
+  history_.record(TraceEntry::OOM, device, reinterpret_cast<void*>(device_free), 0, nullptr);
+  std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> observers;
+  {
+    std::lock_guard lock(observers_mutex_);
+    observers = oom_observers_;
+  }
+  for (const auto& observer : observers) observer(device, allocated, device_total, device_free);
+  TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. ", error.what());
+}
+
+c10::DataPtr torch_allocator::allocate(size_t nbytes) {
+  const c10::DeviceIndex device = context_.current_device();
+  void* ptr = allocate_on(device, nbytes, context_.current_stream(device));
+  return {ptr, ptr, &delete_tensor_memory, c10::Device(c10::DeviceType::CUDA, device)};
+}
+
+c10::DeleterFnPtr torch_allocator::raw_deleter() const { return &delete_tensor_memory; }
+
+void* torch_allocator::raw_alloc(size_t nbytes) {
+  const c10::DeviceIndex device = context_.current_device();
+  return allocate_on(device, nbytes, context_.current_stream(device));
+}
+
+void* torch_allocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) {
+  return allocate_on(context_.current_device(), nbytes,
+                     stream_ref{reinterpret_cast<std::uintptr_t>(stream)});
+}
+
+bool torch_allocator::release(void* ptr) noexcept {
+  device_allocator* owner = devices_.owner_of(ptr);
+  if (owner == nullptr) owner = devices_.holder_of(ptr);
+  if (owner == nullptr) return false;
+  const auto device = static_cast<c10::DeviceIndex>(owner->device());
+  try {
+    history_.record(TraceEntry::FREE_REQUESTED, device, ptr, 0, nullptr);
+  } catch (...) {
+    // A recorder that fails must not keep the memory: free it anyway.
+  }
+  const free_result result = devices_.deallocate(ptr);  // a double free is reported in there
+  try {
+    if (result == free_result::freed) {
+      history_.record(TraceEntry::FREE_COMPLETED, device, ptr, 0, nullptr);
+    }
+    if (!enabled_) owner->empty_cache();
+  } catch (...) {
+  }
+  return true;
+}
+
+void torch_allocator::raw_delete(void* ptr) {
+  if (ptr == nullptr) return;
+  TORCH_CHECK(release(ptr), "spillway: raw_delete(", pointer_text(ptr),
+              "): not memory of this allocator (invalid device pointer)");
+}
+
+void delete_tensor_memory(void* ptr) noexcept {
+  if (ptr == nullptr) return;
+  if (torch_allocator* a = installed_allocator.load(); a != nullptr && a->release(ptr)) return;
+  std::lock_guard lock(live_mutex);
+  for (torch_allocator* a : live_allocators) {
+    if (a->release(ptr)) return;
+  }
+  std::cerr << "spillway: a tensor's deleter was given " << pointer_text(ptr)
+            << ", which no spillway allocator holds; nothing was freed\n";
+}
+
+void torch_allocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  if (config_.backend == "sim") {
+    std::memcpy(dest, src, count);  // simulated device memory is host memory
+    return;
+  }
+  C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+}
+
+// --- lifecycle and budgets ---------------------------------------------------------------------
+
+void torch_allocator::init(int device_count) {
+  TORCH_CHECK(device_count == devices_.device_count(), "spillway: torch sees ", device_count,
+              " CUDA devices but spillway's backend ", config_.backend, " has ",
+              devices_.device_count());
+  initialized_.store(true);
+}
+
+bool torch_allocator::initialized() { return initialized_.load(); }
+
+double torch_allocator::getMemoryFraction(c10::DeviceIndex device) {
+  device_allocator& d = checked_device(device, "getMemoryFraction");
+  const std::size_t budget = d.budget();
+  const std::size_t total = d.backend().total_memory();
+  return budget >= total ? 1.0 : static_cast<double>(budget) / static_cast<double>(total);
+}
+
+void torch_allocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
+  TORCH_CHECK_VALUE(fraction >= 0.0 && fraction <= 1.0, "spillway: memory fraction ", fraction,
+                    " is invalid: expected a number in [0, 1]");
+  device_allocator& d = checked_device(device, "setMemoryFraction");
+  const auto budget =
+      static_cast<std::size_t>(fraction * static_cast<double>(d.backend().total_memory()));
+  try {
+    d.set_budget(budget);
+  } catch (const invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
+
+void torch_allocator::emptyCache(c10::MempoolId_t mempool_id) {
+  const bool default_pool = mempool_id.first == 0 && mempool_id.second == 0;
+  TORCH_CHECK_NOT_IMPLEMENTED(default_pool,
+                              "spillway: emptyCache of memory pool (", mempool_id.first, ", ",
+                              mempool_id.second,
+                              "): spillway does not support CUDA graph or torch.cuda.MemPool pools");
+  devices_.empty_cache();
+}
+
+void torch_allocator::enable(bool value) { enabled_ = value; }
+bool torch_allocator::isEnabled() const { return enabled_; }
+
+void torch_allocator::cacheInfo(c10::DeviceIndex device, size_t* largest_block) {
+  device_allocator& d = checked_device(device, "cacheInfo");
+  // The largest cached block; with none cached, what a new segment could get (PyTorch reports
+  // cudaMemGetInfo's free memory there: under spillway that is the budget's headroom).
+  std::size_t largest = d.largest_free_block();
+  if (largest == 0) largest = devices_.memory_info_of(device).free;
+  *largest_block = largest;
+}
+
+void* torch_allocator::getBaseAllocation(void* ptr, size_t* size) {
+  device_allocator* owner = devices_.owner_of(ptr);
+  TORCH_CHECK(owner != nullptr, "spillway: getBaseAllocation(", pointer_text(ptr),
+              "): not a live allocation of spillway");
+  const allocation_info info = owner->describe(ptr);
+  if (size != nullptr) *size = info.segment_size;
+  return info.segment_base;
+}
+
+void torch_allocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) {
+  // Like PyTorch's allocator: memory it did not allocate (or none) is not its business.
+  if (ptr.get() == nullptr || ptr.get_deleter() != &delete_tensor_memory) return;
+  device_allocator* owner = devices_.owner_of(ptr.get());
+  if (owner == nullptr) return;
+  owner->record_stream(ptr.get(), stream_ref{reinterpret_cast<std::uintptr_t>(stream.stream())});
+}
+
+std::pair<size_t, size_t> torch_allocator::getMemoryInfo(c10::DeviceIndex device) {
+  checked_device(device, "getMemoryInfo");
+  const memory_info info = devices_.memory_info_of(device);
+  return {info.free, info.total};
+}
+
+// --- history and observers ---------------------------------------------------------------------
+
+bool torch_allocator::isHistoryEnabled() { return history_.enabled(); }
+
+void torch_allocator::recordHistory(bool enabled,
+                                    c10::cuda::CUDACachingAllocator::CreateContextFn context_recorder,
+                                    size_t alloc_trace_max_entries,
+                                    c10::cuda::CUDACachingAllocator::RecordContext when,
+                                    bool clear_history, const std::vector<std::string>& skip_actions) {
+  history_.configure(enabled, context_recorder, alloc_trace_max_entries, when, clear_history,
+                     skip_actions);
+}
+
+void torch_allocator::attachOutOfMemoryObserver(
+    c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) {
+  std::lock_guard lock(observers_mutex_);
+  oom_observers_.push_back(std::move(observer));
+}
+
+void torch_allocator::attachAllocatorTraceTracker(
+    c10::cuda::CUDACachingAllocator::AllocatorTraceTracker tracker) {
+  history_.attach_tracker(std::move(tracker));
+}
+
+// --- peers ---------------------------------------------------------------------------------------
+
+void torch_allocator::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) {
+  checked_device(dev, "enablePeerAccess");
+  checked_device(dev_to_access, "enablePeerAccess");
+  if (config_.backend != "cuda") return;  // one simulated device: nothing to enable
+  c10::cuda::CUDAGuard guard(dev);
+  const cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+  if (err == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();  // clear it
+    return;
+  }
+  C10_CUDA_CHECK(err);
+}
+
+cudaError_t torch_allocator::memcpyAsync(void* dst, int dst_device, const void* src, int src_device,
+                                         size_t count, cudaStream_t stream, bool p2p_enabled) {
+  // spillway's segments are cudaMalloc'd or VMM-mapped for their own device only, so without peer
+  // access a copy between devices must take the peer path.
+  if (p2p_enabled || dst_device == src_device) {
+    return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+  }
+  return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
+}
+
+// --- not supported -------------------------------------------------------------------------------
+
+void torch_allocator::beginAllocateToPool(c10::DeviceIndex, c10::MempoolId_t,
+                                          std::function<bool(cudaStream_t)>) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false,
+                              "spillway does not support private memory pools (beginAllocateToPool): "
+                              "CUDA graph capture and torch.cuda.MemPool need PyTorch's own allocator");
+}
+
+void torch_allocator::endAllocateToPool(c10::DeviceIndex, c10::MempoolId_t) {}  // never begun
+void torch_allocator::releasePool(c10::DeviceIndex, c10::MempoolId_t) {}        // never begun
+
+c10::cuda::CUDACachingAllocator::ShareableHandle torch_allocator::shareIpcHandle(void*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false,
+                              "spillway does not support CUDA IPC (shareIpcHandle): sharing CUDA "
+                              "tensors between processes needs PyTorch's own allocator");
+}
+
+std::shared_ptr<void> torch_allocator::getIpcDevPtr(std::string) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false,
+                              "spillway does not support CUDA IPC (getIpcDevPtr): receiving CUDA "
+                              "tensors from another process needs PyTorch's own allocator");
+}
+
+std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> torch_allocator::getCheckpointState(
+    c10::DeviceIndex, c10::MempoolId_t) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false,
+                              "spillway does not support memory pool checkpoints (getCheckpointState), "
+                              "which CUDA graph trees in torch.compile use");
+}
+
+c10::cuda::CUDACachingAllocator::CheckpointDelta torch_allocator::setCheckpointPoolState(
+    c10::DeviceIndex, std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState>) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false,
+                              "spillway does not support memory pool checkpoints "
+                              "(setCheckpointPoolState), which CUDA graph trees in torch.compile use");
+}
+
+std::string torch_allocator::name() { return "spillway"; }
+
+// --- installation --------------------------------------------------------------------------------
+
+void install(std::shared_ptr<torch_allocator> allocator) {
+  TORCH_CHECK(allocator != nullptr, "spillway: install(nullptr)");
+  // torch checks that its current allocator has not been initialised (no CUDA memory yet).
+  torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+  std::lock_guard lock(live_mutex);
+  installed_allocator.store(allocator.get());
+  installed_owner = std::move(allocator);
+}
+
+torch_allocator* installed() noexcept { return installed_allocator.load(); }
+
+}  // namespace spillway::torch_plugin

@@ -1,0 +1,90 @@
+// torch_allocator_history.cpp: the contract is in torch_allocator_history.hpp.
+#include "torch_allocator_history.hpp"
+
+#include <c10/util/ApproximateClock.h>
+
+#include <utility>
+
+namespace spillway::torch_plugin {
+
+using c10::CachingDeviceAllocator::RecordContext;
+using c10::CachingDeviceAllocator::TraceEntry;
+
+namespace {
+constexpr std::size_t action_count = static_cast<std::size_t>(TraceEntry::Action::OOM) + 1;
+}
+
+void allocation_history::configure(bool enabled, c10::CachingDeviceAllocator::CreateContextFn recorder,
+                                   std::size_t max_entries, RecordContext when, bool clear,
+                                   const std::vector<std::string>& skip_actions) {
+  std::vector<bool> skipped(action_count, false);
+  for (const std::string& name : skip_actions) {
+    // parseTraceEntryAction names the accepted actions when it rejects one.
+    skipped[static_cast<std::size_t>(c10::CachingDeviceAllocator::parseTraceEntryAction(name))] = true;
+  }
+  std::lock_guard lock(mutex_);
+  enabled_ = enabled;
+  recorder_ = enabled ? recorder : nullptr;
+  when_ = enabled ? when : RecordContext::NEVER;
+  max_entries_ = max_entries;
+  skipped_ = std::move(skipped);
+  if (clear || !enabled) {
+    rings_.clear();
+  }
+  if (!enabled || when_ == RecordContext::NEVER) {
+    live_contexts_.clear();
+  }
+  for (auto& [device, ring] : rings_) {
+    while (ring.size() > max_entries_) ring.pop_front();
+  }
+}
+
+bool allocation_history::enabled() const {
+  std::lock_guard lock(mutex_);
+  return enabled_;
+}
+
+void allocation_history::attach_tracker(c10::CachingDeviceAllocator::AllocatorTraceTracker tracker) {
+  std::lock_guard lock(mutex_);
+  trackers_.push_back(std::move(tracker));
+}
+
+void allocation_history::record(action what, c10::DeviceIndex device, const void* ptr, std::size_t size,
+                                void* stream) {
+  std::lock_guard lock(mutex_);
+  if (!enabled_ && trackers_.empty()) return;
+
+  // A context for allocations when STATE or more is asked for, for frees only with ALL.
+  std::shared_ptr<c10::GatheredContext> context;
+  const bool wants_context =
+      recorder_ != nullptr &&
+      ((what == action::ALLOC && when_ >= RecordContext::STATE) ||
+       (what != action::ALLOC && when_ == RecordContext::ALL));
+  if (wants_context) context = recorder_();
+  if (what == action::ALLOC && context) live_contexts_[ptr] = context;
+  if (what == action::FREE_REQUESTED) live_contexts_.erase(ptr);
+
+  TraceEntry entry(what, device, reinterpret_cast<std::size_t>(ptr), size, stream, {0, 0},
+                   c10::getApproximateTime(),
+                   when_ >= RecordContext::ALLOC ? std::move(context) : nullptr);
+  for (const auto& tracker : trackers_) tracker(entry);
+  if (!enabled_ || skipped_[static_cast<std::size_t>(what)] || max_entries_ == 0) return;
+  auto& ring = rings_[device];
+  if (ring.size() == max_entries_) ring.pop_front();
+  ring.push_back(std::move(entry));
+}
+
+std::vector<TraceEntry> allocation_history::entries(c10::DeviceIndex device) const {
+  std::lock_guard lock(mutex_);
+  auto it = rings_.find(device);
+  if (it == rings_.end()) return {};
+  return {it->second.begin(), it->second.end()};
+}
+
+std::shared_ptr<c10::GatheredContext> allocation_history::context_of(const void* ptr) const {
+  std::lock_guard lock(mutex_);
+  auto it = live_contexts_.find(ptr);
+  return it == live_contexts_.end() ? nullptr : it->second;
+}
+
+}  // namespace spillway::torch_plugin
