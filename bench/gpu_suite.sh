@@ -13,6 +13,7 @@
 #                     its exit status and duration, and which benchmarks were missing
 #   configure.log, build.log, ctest.log (verbose), ctest.xml (JUnit)
 #   <bench>.json      a benchmark's stdout (--json); <bench>.log its stderr
+#   torch_gpu_checks.json  the PyTorch plugin on the GPU (when python3 there has torch)
 #
 # Env
 #   BUILD_DIR            build directory (default <repo>/build-gpu; kept between runs)
@@ -104,6 +105,8 @@ if [[ $configured -eq 0 ]]; then
   run_step ctest "$out/ctest.log" \
     ctest --test-dir "$build" -V --timeout 900 --output-junit "$out/ctest.xml"
   grep -E '^[0-9]+% tests passed|tests failed|\*\*\*Failed|Not Run' "$out/ctest.log" | tail -n 20
+  # Issue 4's PyTorch checks on the GPU (tests/torch_gpu_checks.py, run by ctest when torch is found).
+  cp "$build/tests/torch_gpu_checks.json" "$out/" 2>/dev/null || true
   # A GPU machine whose CUDA tests all skipped tested nothing (e.g. a driver older than the
   # CUDA runtime): that is a failure here, not a pass.
   cuda_skips=$(grep -c 'SKIPPED: no CUDA device' "$out/ctest.log")

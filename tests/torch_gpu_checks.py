@@ -1,0 +1,217 @@
+"""torch_gpu_checks: what issue 4 asks to verify on a GPU, each case in a fresh process.
+
+    python3 tests/torch_gpu_checks.py [--steps 1000] [--json FILE]
+
+Without a CUDA device it prints "SKIPPED: no CUDA device" and exits 0 (ctest runs it everywhere;
+bench/gpu_suite.sh runs it on the GPU machine). Needs the spillway package on PYTHONPATH.
+
+Cases
+- identical:  losses and gradients of an MLP, a CNN with BatchNorm and dropout, and a small
+              transformer, with deterministic algorithms: spillway installed with every activation
+              evicted (max_resident=0; checkpoint segments dropped, the rest spilled) against a run
+              on PyTorch's own allocator. Must be bit-identical.
+- budgets:    the transformer trained at 70%, 50% and 30% of its unconstrained peak reserved bytes
+              (measured first under spillway without a budget), with activations() and checkpoint
+              segments under the allocator's pressure: must complete; step time and peak reported.
+- tooling:    memory_stats, memory_summary, _snapshot with history, empty_cache and the cudnn
+              benchmark under spillway.
+- leaks:      --steps training steps; allocated bytes after the last equal those after step 2.
+- preload:    a PyTorch training script under LD_PRELOAD=libspillway_preload.so with
+              PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (needs SPILLWAY_PRELOAD_LIB).
+Exit status 0 when every case passed.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+COMMON = textwrap.dedent("""
+    import os, sys, time, json, torch
+    torch.use_deterministic_algorithms(True)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    def make(name):
+        torch.manual_seed(0)
+        if name == "mlp":
+            layers = []
+            for _ in range(8):
+                layers += [torch.nn.Linear(2048, 2048), torch.nn.ReLU(), torch.nn.Dropout(0.1)]
+            return torch.nn.Sequential(*layers), lambda: torch.randn(1024, 2048)
+        if name == "cnn":
+            blocks = []
+            c = 3
+            for w in (64, 128, 128, 256):
+                blocks += [torch.nn.Conv2d(c, w, 3, padding=1), torch.nn.BatchNorm2d(w),
+                           torch.nn.ReLU(), torch.nn.Dropout(0.1)]
+                c = w
+            return (torch.nn.Sequential(*blocks, torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                        torch.nn.Linear(c, 10)), lambda: torch.randn(32, 3, 64, 64))
+        layer = lambda: torch.nn.TransformerEncoderLayer(512, 8, 2048, dropout=0.1, batch_first=True)
+        return torch.nn.Sequential(*[layer() for _ in range(6)]), lambda: torch.randn(16, 256, 512)
+    def step(model, x, spill, segments=None):
+        import spillway
+        torch.manual_seed(1)
+        model.zero_grad(set_to_none=True)
+        if spill is None:
+            loss = model(x).float().square().mean()
+        else:
+            with spillway.activations(**spill):
+                y = spillway.checkpoint_sequential(model, segments, x) if segments else model(x)
+            loss = y.float().square().mean()
+        loss.backward()
+        return loss
+""")
+
+
+def run(code, env=None, timeout=1800):
+    e = dict(os.environ)
+    e.update(env or {})
+    p = subprocess.run([sys.executable, "-c", COMMON + textwrap.dedent(code)], env=e,
+                       capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def case_identical(tmp):
+    results = {}
+    for name in ("mlp", "cnn", "transformer"):
+        ref, got = os.path.join(tmp, name + "-ref.pt"), os.path.join(tmp, name + "-got.pt")
+        rc1, _, e1 = run(f"""
+            model, data = make("{name}"); model = model.cuda(); x = data().cuda()
+            loss = step(model, x, None)
+            torch.save([loss.cpu()] + [p.grad.cpu() for p in model.parameters()], "{ref}")
+        """)
+        rc2, _, e2 = run(f"""
+            import spillway; spillway.install()
+            model, data = make("{name}"); model = model.cuda(); x = data().cuda()
+            loss = step(model, x, dict(max_resident=0, min_bytes=0), segments=3)
+            torch.save([loss.cpu()] + [p.grad.cpu() for p in model.parameters()], "{got}")
+            print(json.dumps(spillway.stats()))
+        """)
+        ok = rc1 == 0 and rc2 == 0 and all(
+            torch_equal(a, b) for a, b in zip(load(ref), load(got)))
+        results[name] = {"passed": ok, "stderr": (e1 + e2)[-2000:] if not ok else ""}
+    return all(r["passed"] for r in results.values()), results
+
+
+def load(path):
+    import torch
+    return torch.load(path)
+
+
+def torch_equal(a, b):
+    import torch
+    return torch.equal(a, b)
+
+
+def case_budgets(tmp):
+    rc, out, err = run("""
+        import spillway; spillway.install()
+        model, data = make("transformer"); model = model.cuda(); x = data().cuda()
+        step(model, x, None); torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        t = time.perf_counter(); step(model, x, None); torch.cuda.synchronize()
+        print(json.dumps({"peak": torch.cuda.memory_stats()["reserved_bytes.all.peak"],
+                          "step_s": time.perf_counter() - t}))
+    """)
+    if rc != 0:
+        return False, {"error": err[-2000:]}
+    base = json.loads(out.strip().splitlines()[-1])
+    rows = {"unconstrained": base}
+    ok = True
+    for ratio in (0.7, 0.5, 0.3):
+        rc, out, err = run(f"""
+            import spillway; spillway.install(budget={int(base["peak"] * ratio)})
+            model, data = make("transformer"); model = model.cuda(); x = data().cuda()
+            step(model, x, dict(), segments=6); torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            t = time.perf_counter(); step(model, x, dict(), segments=6); torch.cuda.synchronize()
+            s = spillway.stats()
+            print(json.dumps({{"peak": torch.cuda.memory_stats()["reserved_bytes.all.peak"],
+                              "step_s": time.perf_counter() - t,
+                              "spills": s.get("activations.spills"), "drops": s.get("activations.drops")}}))
+        """)
+        rows[f"{ratio:.0%}"] = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {"error": err[-2000:]}
+        ok = ok and rc == 0
+    return ok, rows
+
+
+def case_tooling(tmp):
+    rc, out, err = run("""
+        import spillway; spillway.install(budget="8GiB")
+        torch.cuda.memory._record_memory_history(max_entries=1000)
+        torch.backends.cudnn.benchmark = True
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3), torch.nn.ReLU()).cuda()
+        model(torch.randn(8, 3, 64, 64, device="cuda")).sum().backward()
+        stats = torch.cuda.memory_stats(); assert stats["allocated_bytes.all.current"] > 0
+        assert "memory summary" in torch.cuda.memory_summary()
+        snap = torch.cuda.memory._snapshot(); assert snap["segments"] and snap["device_traces"][0]
+        del model; torch.cuda.empty_cache()
+        assert torch.cuda.memory_stats()["reserved_bytes.all.current"] < stats["reserved_bytes.all.peak"]
+        print("ok")
+    """)
+    return rc == 0, {"stderr": err[-2000:]}
+
+
+def case_leaks(tmp, steps):
+    rc, out, err = run(f"""
+        import spillway; spillway.install()
+        model, data = make("mlp"); model = model.cuda(); x = data().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+        marks = {{}}
+        for i in range({steps}):
+            step(model, x, dict(max_resident="256MiB"), segments=4); opt.step()
+            if i in (1, {steps} - 1):
+                torch.cuda.synchronize(); marks[i] = torch.cuda.memory_allocated()
+        print(json.dumps(marks)); assert marks[1] == marks[{steps} - 1], marks
+    """, timeout=3600)
+    return rc == 0, {"stdout": out[-500:], "stderr": err[-2000:]}
+
+
+def case_preload(tmp):
+    lib = os.environ.get("SPILLWAY_PRELOAD_LIB")
+    if not lib:
+        return False, {"error": "SPILLWAY_PRELOAD_LIB is not set"}
+    rc, out, err = run("""
+        model, data = make("mlp"); model = model.cuda(); x = data().cuda()
+        for _ in range(3): step(model, x, None)
+        print("ok")
+    """, env={"LD_PRELOAD": lib, "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync",
+              "SPILLWAY_CONF": "budget:16GiB"})
+    return rc == 0, {"stderr": err[-2000:]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    import torch
+    if not torch.cuda.is_available():
+        print("SKIPPED: no CUDA device")
+        return 0
+    report, failed = {}, []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, fn in (("identical", case_identical), ("budgets", case_budgets),
+                         ("tooling", case_tooling), ("leaks", lambda t: case_leaks(t, args.steps)),
+                         ("preload", case_preload)):
+            start = time.time()
+            ok, detail = fn(tmp)
+            report[name] = {"passed": ok, "seconds": round(time.time() - start, 1), "detail": detail}
+            print(f"{name}: {'passed' if ok else 'FAILED'}", flush=True)
+            if not ok:
+                failed.append(name)
+    text = json.dumps(report, indent=2)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text)
+    else:
+        print(text)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
