@@ -203,8 +203,8 @@ class ActivationManager:
             out = dict(self._stats)
             out["registered"] = len(self._entries)
             out["resident_bytes"] = self._resident_bytes
-            out["spilled_bytes"] = sum(e.nbytes for e in self._entries.values() if e.state == SPILLED)
-            out["dropped_bytes"] = sum(e.nbytes for e in self._entries.values() if e.state == DROPPED)
+            out["spilled_bytes"] = sum(e.nbytes for e in list(self._entries.values()) if e.state == SPILLED)
+            out["dropped_bytes"] = sum(e.nbytes for e in list(self._entries.values()) if e.state == DROPPED)
             return out
 
     def state_of(self, tensor):
@@ -266,6 +266,9 @@ class ActivationManager:
             self._enforce_max_resident()
             return used
 
+    # Iterations over the entries take a copy: a _Saved dropped by the garbage collector in the
+    # middle of one (on this thread, under the re-entrant lock) forgets its entry.
+
     def _release(self, handle):
         with self._lock:
             entry = handle.entry
@@ -322,13 +325,13 @@ class ActivationManager:
         """Evicts until `wanted` bytes are freed or nothing evictable is left; returns (freed, pinned)."""
         freed = 0
         now = time.perf_counter()
-        candidates = [e for e in self._entries.values()
+        candidates = [e for e in list(self._entries.values())
                       if (device is None or (e.device.index or 0) == device) and self._evictable(e)]
         while freed < wanted and candidates:
             victim = self._choose(candidates, now)
             candidates.remove(victim)
             freed += self._evict(victim)
-        pinned = sum(e.nbytes for e in self._entries.values()
+        pinned = sum(e.nbytes for e in list(self._entries.values())
                      if e.state == RESIDENT and not self._evictable(e))
         return freed, pinned
 
