@@ -257,15 +257,15 @@ class replayer {
     const op_trace::op& o = t_.ops[k];
     std::vector<eviction::pinned_buffer> pins;
     std::vector<void*> in(o.inputs.size()), out(o.outputs.size());
-    pins.reserve(o.inputs.size());
-    for (std::size_t i = 0; i < o.inputs.size(); ++i) {
-      const std::uint32_t b = o.inputs[i];
-      if (engine_) {
-        pins.push_back(engine_->pin(ids_[b]));
-        in[i] = pins.back().get();
-      } else {
-        in[i] = raw_[b];
-      }
+    if (engine_) {
+      // Together, as DTR locks an operator's arguments: bringing back one input never evicts another.
+      std::vector<eviction::buffer_id> inputs;
+      inputs.reserve(o.inputs.size());
+      for (std::uint32_t b : o.inputs) inputs.push_back(ids_[b]);
+      pins = engine_->pin_all(inputs);
+      for (std::size_t i = 0; i < o.inputs.size(); ++i) in[i] = pins[i].get();
+    } else {
+      for (std::size_t i = 0; i < o.inputs.size(); ++i) in[i] = raw_[o.inputs[i]];
     }
     for (std::size_t j = 0; j < o.outputs.size(); ++j) {
       out[j] = alloc_->allocate(t_.buffers[o.outputs[j]].bytes, stream_);

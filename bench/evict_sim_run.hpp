@@ -4,9 +4,10 @@
 // - A sim_device in manual-clock mode, a device_allocator with the budget (reserved bytes), and, unless
 //   the mode is `none`, an eviction_engine whose clock is the simulator's (staleness in virtual time).
 // - Parameters are allocated first, registered as not evictable. Then, for each op, on one compute
-//   stream: pin its inputs (the engine restores or recomputes them), allocate its outputs, launch a
-//   kernel of the op's duration, register the outputs with a lineage node whose compute launches the
-//   same kernel, wait for the kernel (the host runs one op at a time, so staleness is device time),
+//   stream: pin its inputs together (eviction_engine::pin_all: the engine restores or recomputes
+//   them, never evicting one to bring back another), allocate its outputs, launch a kernel of the
+//   op's duration, register the outputs with a lineage node whose compute launches the same
+//   kernel, wait for the kernel (the host runs one op at a time, so staleness is device time),
 //   unpin, and release the buffers whose life ends at this op.
 // - Releasing: a buffer that a live lineage node still needs (an input of an op whose outputs are
 //   alive) would be kept resident by the engine; with `eager_drop` it is dropped first, as DTR does

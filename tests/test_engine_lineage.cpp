@@ -10,7 +10,8 @@
 // still needs is kept, hidden, so its consumers still recompute, and is freed (the allocator back
 // to zero) when the last output that needs it is forgotten; forgetting dropped buffers keeps DTR's
 // equivalence classes sound for later evictions; set_lineage moves a buffer to a new producer and
-// the old node retires.
+// the old node retires. pin_all, and a recompute's own inputs, pin the resident buffers first, so
+// that bringing back one never evicts another; a pin_all that fails leaves no pin.
 #include <doctest/doctest.h>
 
 #include <stdexcept>
@@ -133,6 +134,113 @@ TEST_CASE("the inputs of a recompute stay pinned: with nothing else to evict, pi
   env.alloc->deallocate(raw);
   g.expect(y);
   g.expect(x);
+  env.sim->run_until_idle();
+  env.check_clean();
+}
+
+TEST_CASE("pin_all pins the resident inputs first: bringing back a dropped one never evicts them") {
+  // A full 2 MiB segment: s, b (768 KiB), c (512 KiB), raw memory in x's hole. x = f(s) is
+  // dropped. Recomputing x needs 256 KiB; "largest" would pick b, the op's other input, were it
+  // not pinned already: c goes instead, and b never moves.
+  engine_options o;
+  o.budget = 2 * MiB;
+  o.engine.policy = "largest";
+  engine_env env(o);
+  lineage_graph g(env);
+  const buffer_id s = g.source(256 * KiB);
+  const buffer_id x = g.node({s}, {256 * KiB})[0];
+  const buffer_id b = g.source(768 * KiB);
+  const buffer_id c = g.source(512 * KiB);
+  void* tail = env.alloc->allocate(256 * KiB);
+  env.sim->run_until_idle();
+  void* b_ptr = env.eng().pin(b).get();
+  drop(env.eng(), x);
+  void* hole = env.alloc->allocate(256 * KiB);  // x's block: the segment is full again
+  {
+    const std::vector<buffer_id> inputs{x, b};
+    std::vector<pinned_buffer> pins = env.eng().pin_all(inputs);
+    REQUIRE(pins.size() == 2);
+    CHECK(pins[0].id() == x);
+    CHECK(pins[1].get() == b_ptr);
+    CHECK(env.eng().state(b) == buffer_state::resident);
+    CHECK(env.eng().state(c) != buffer_state::resident);
+    CHECK(env.eng().stats().spills == 1);
+    CHECK(env.eng().stats().restores == 0);
+    g.check_kernel(x, pins[0].get(), {});
+    g.check_kernel(b, pins[1].get(), {});
+  }
+  env.alloc->deallocate(hole);
+  env.alloc->deallocate(tail);
+  for (buffer_id id : {s, x, b, c}) g.expect(id);
+  env.sim->run_until_idle();
+  env.check_clean();
+}
+
+TEST_CASE("pin_all that fails leaves no pin; an id may repeat") {
+  engine_options o;
+  o.budget = 2 * MiB;
+  engine_env env(o);
+  lineage_graph g(env);
+  const buffer_id s = g.source(512 * KiB);
+  const buffer_id x = g.node({s}, {512 * KiB})[0];
+  const buffer_id b = g.source(512 * KiB);
+  void* tail = env.alloc->allocate(512 * KiB);
+  env.sim->run_until_idle();
+  drop(env.eng(), x);
+  void* hole = env.alloc->allocate(512 * KiB);
+  // Recomputing x needs 512 KiB; s is its input and b is pinned first: nothing can be evicted.
+  const std::vector<buffer_id> inputs{b, x};
+  CHECK_THROWS_AS((void)env.eng().pin_all(inputs), out_of_memory);
+  CHECK(env.eng().state(x) == buffer_state::dropped);
+  CHECK(env.eng().stats().pinned_bytes == 0);
+  CHECK_NOTHROW((void)env.eng().evict(b, eviction_mode::spill));  // evict throws if pinned
+  env.alloc->deallocate(hole);
+  {
+    const std::vector<buffer_id> twice{x, x};
+    std::vector<pinned_buffer> pins = env.eng().pin_all(twice);
+    REQUIRE(pins.size() == 2);
+    CHECK(pins[0].get() == pins[1].get());
+    CHECK(env.eng().stats().pinned_bytes == 512 * KiB);
+    pins[0].reset();
+    CHECK_THROWS_AS(env.eng().forget(x), invalid_argument);  // still pinned once
+  }
+  CHECK(env.eng().stats().pinned_bytes == 0);
+  env.alloc->deallocate(tail);
+  for (buffer_id id : {s, x, b}) g.expect(id);
+  env.sim->run_until_idle();
+  env.check_clean();
+}
+
+TEST_CASE("a recompute pins its resident inputs before restoring the others") {
+  // z = f(a, b) is dropped, a is spilled, b resident (768 KiB); the segment is full. Recomputing z
+  // restores a (256 KiB): "largest" would evict b, the node's other input, were it not pinned
+  // first; c is spilled instead and b stays where it is.
+  engine_options o;
+  o.budget = 2 * MiB;
+  o.engine.policy = "largest";
+  engine_env env(o);
+  lineage_graph g(env);
+  const buffer_id a = g.source(256 * KiB);
+  const buffer_id b = g.source(768 * KiB);
+  const buffer_id z = g.node({a, b}, {256 * KiB})[0];
+  const buffer_id c = g.source(512 * KiB);
+  void* tail = env.alloc->allocate(256 * KiB);
+  env.sim->run_until_idle();
+  void* b_ptr = env.eng().pin(b).get();
+  REQUIRE(env.eng().evict(a, eviction_mode::spill));
+  drop(env.eng(), z);
+  env.sim->run_until_idle();
+  void* hole1 = env.alloc->allocate(256 * KiB);  // a's and z's blocks: full again
+  void* hole2 = env.alloc->allocate(256 * KiB);
+  g.expect(z);
+  CHECK(env.eng().state(b) == buffer_state::resident);
+  CHECK(env.eng().pin(b).get() == b_ptr);
+  CHECK(env.eng().stats().spills == 2);    // a (by the test) and c
+  CHECK(env.eng().stats().restores == 1);  // a
+  env.alloc->deallocate(hole1);
+  env.alloc->deallocate(hole2);
+  env.alloc->deallocate(tail);
+  for (buffer_id id : {a, b, c, z}) g.expect(id);
   env.sim->run_until_idle();
   env.check_clean();
 }

@@ -316,6 +316,42 @@ pinned_buffer eviction_engine::pin(buffer_id id, stream_ref use) {
   return pinned_buffer(this, id, e.device_ptr, e.size);
 }
 
+std::vector<pinned_buffer> eviction_engine::pin_all(std::span<const buffer_id> ids) {
+  impl& m = *impl_;
+  std::vector<buffer_entry*> entries;
+  entries.reserve(ids.size());
+  std::vector<pinned_buffer> pins;
+  pins.reserve(ids.size());
+  engine_lock lock(m);
+  for (buffer_id id : ids) entries.push_back(&m.lookup_locked(id, "pin_all"));  // throws first
+  m.pin_together_locked(entries, 0);
+  // No pinned_buffer is made before every pin is taken: destroying one takes the engine lock.
+  for (buffer_entry* e : entries) pins.push_back(pinned_buffer(this, e->id, e->device_ptr, e->size));
+  return pins;
+}
+
+// Pins every entry (repeats pin more than once): the usable ones first, then the others, each made
+// resident and pinned in turn, so that making one resident never evicts another. On an exception
+// the pins taken here are released.
+void eviction_engine::impl::pin_together_locked(std::span<buffer_entry* const> entries,
+                                                std::size_t depth) {
+  reap_in_flight_locked();
+  std::size_t pinned = 0;  // entries [0, pinned) of `order` hold a pin taken here
+  std::vector<buffer_entry*> order(entries.begin(), entries.end());
+  std::stable_partition(order.begin(), order.end(), [](const buffer_entry* e) {
+    return e->state == buffer_state::resident || e->state == buffer_state::restoring;
+  });
+  try {
+    for (; pinned < order.size(); ++pinned) {
+      make_resident_locked(*order[pinned], depth);
+      pin_locked(*order[pinned]);
+    }
+  } catch (...) {
+    while (pinned > 0) unpin_locked(*order[--pinned]);
+    throw;
+  }
+}
+
 void eviction_engine::unpin(buffer_id id) {
   impl& m = *impl_;
   engine_lock lock(m);

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -54,6 +55,7 @@ struct eviction_engine::impl {
   detail::buffer_entry& lookup_locked(buffer_id id, const char* operation) const;
   detail::node_entry& lookup_node_locked(node_id id, const char* operation) const;
   void pin_locked(detail::buffer_entry& e);
+  void pin_together_locked(std::span<detail::buffer_entry* const> entries, std::size_t depth);
   void unpin_locked(detail::buffer_entry& e) noexcept;
   void update_candidacy_locked(detail::buffer_entry& e);
   void attach_output_locked(detail::buffer_entry& e, detail::node_entry& n, std::uint32_t index);

@@ -254,22 +254,19 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
   }
   visit_guard visiting(n);
 
-  // 1. Inputs: resident and pinned for the duration of the call, ordered before n.stream.
-  std::vector<buffer_entry*> pinned;
+  // 1. Inputs: resident and pinned for the duration of the call (together: bringing back one
+  //    never evicts another), ordered before n.stream.
+  std::vector<void*> input_ptrs;
+  input_ptrs.reserve(n.inputs.size());
+  pin_together_locked(n.inputs, depth + 1);
   struct unpin_all {
     impl& m;
-    std::vector<buffer_entry*>& list;
+    const std::vector<buffer_entry*>& list;
     ~unpin_all() {
       for (buffer_entry* e : list) m.unpin_locked(*e);
     }
-  } unpin{*this, pinned};
-  pinned.reserve(n.inputs.size());
-  std::vector<void*> input_ptrs;
-  input_ptrs.reserve(n.inputs.size());
+  } unpin{*this, n.inputs};
   for (buffer_entry* in : n.inputs) {
-    make_resident_locked(*in, depth + 1);
-    pin_locked(*in);
-    pinned.push_back(in);
     if (in->stream != n.stream) {  // n reads it on n.stream: its block waits for that, too
       order_after_locked(n.stream, in->stream);
       allocator.record_stream(in->device_ptr, n.stream);

@@ -9,7 +9,8 @@
 //   the engine frees it (on eviction or forget) and may move it. The only way to its bytes is pin(),
 //   which makes it resident (restoring or recomputing it) and returns the pointer, valid in stream
 //   order on the buffer's stream (or the stream given to pin) while the pin lives.
-// - Pinned buffers are never evicted. Unpinned resident buffers may be evicted at any allocation.
+// - Pinned buffers are never evicted. Unpinned resident buffers may be evicted at any allocation,
+//   including one made to bring back another buffer: pin_all pins an operation's inputs together.
 // - Spill: the device block returns to the allocator only after its device-to-host copy completed,
 //   in stream order, with no device synchronisation; a restore waits on the spill's event.
 //   If no pinned host memory is available the engine drops (where lineage exists) or picks
@@ -32,7 +33,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "spillway/device_allocator.hpp"
 #include "spillway/eviction/buffer.hpp"
@@ -125,6 +128,11 @@ class eviction_engine {
 
   pinned_buffer pin(buffer_id id);                  // usable on the buffer's own stream
   pinned_buffer pin(buffer_id id, stream_ref use);  // also ordered for `use`
+  // Pins the inputs of one operation together, as DTR locks an operator's arguments: the buffers
+  // that are resident are pinned first, so bringing back the others (whose recompute may need
+  // evictions) never evicts them; then the others are made resident one by one. Returns the pins
+  // in the order of `ids` (an id may repeat). On failure no pin taken by the call is left.
+  std::vector<pinned_buffer> pin_all(std::span<const buffer_id> ids);
   void unpin(buffer_id id);                          // for callers that do not use the guard
 
   void prefetch(buffer_id id);                      // start restoring; returns at once
