@@ -1,0 +1,197 @@
+// test_libtorch_activations: the LibTorch route (torch_plugin/libtorch_activations.hpp) and the
+// activation_manager under it, on CPU tensors.
+//
+// Proves that, through the replaced engine's default saved-variable hooks, gradients are
+// bit-identical to a plain run when every checkpoint segment is dropped and recomputed (with
+// dropout: the RNG state is replayed) and when every activation is spilled and copied back; that
+// in-place state listed in `keep` is updated once; that a storage the program holds is never
+// evicted; that a non-deterministic segment fails clearly; and that bad options name the value.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+// c10's glog-style CHECK macros (c10/util/logging_is_not_google_glog.h) would shadow doctest's.
+#undef CHECK
+#undef CHECK_EQ
+#undef CHECK_NE
+#undef CHECK_LT
+#undef CHECK_LE
+#undef CHECK_GT
+#undef CHECK_GE
+#include <doctest/doctest.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "libtorch_activations.hpp"
+#include "spillway/errors.hpp"
+
+using namespace spillway::torch_plugin;
+
+namespace {
+
+struct mlp {
+  std::vector<at::Tensor> weights, biases;
+  at::Tensor running;  // BatchNorm-like state updated in place by the forward
+
+  mlp() {
+    at::manual_seed(0);
+    for (int i = 0; i < 6; ++i) {
+      weights.push_back((at::randn({128, 128}) * 0.1).requires_grad_());
+      biases.push_back(at::zeros({128}).requires_grad_());
+    }
+    running = at::zeros({128});
+  }
+  at::Tensor layer(int i, const at::Tensor& x) const {
+    at::Tensor h = at::relu(at::linear(x, weights[i], biases[i]));
+    if (i == 2) {
+      at::NoGradGuard no_grad;
+      running.mul_(0.9).add_(h.detach().mean(0), 0.1);
+    }
+    return at::dropout(h, 0.2, /*train=*/true);
+  }
+  at::Tensor forward(const at::Tensor& x, bool segments) const {
+    at::Tensor h = x;
+    for (int s = 0; s < 3; ++s) {
+      auto block = [this, s](const std::vector<at::Tensor>& in) {
+        return layer(2 * s + 1, layer(2 * s, in[0]));
+      };
+      h = segments ? checkpoint(block, {h}, {running}) : block({h});
+    }
+    return h;
+  }
+  std::vector<at::Tensor> grads() const {
+    std::vector<at::Tensor> g;
+    for (const auto& w : weights) g.push_back(w.grad().clone());
+    for (const auto& b : biases) g.push_back(b.grad().clone());
+    return g;
+  }
+};
+
+struct result {
+  at::Tensor loss, running;
+  std::vector<at::Tensor> grads;
+};
+
+result train_step(const std::shared_ptr<activation_manager>& manager, bool segments) {
+  mlp model;
+  at::Tensor x = at::randn({256, 128});
+  at::manual_seed(42);
+  at::Tensor loss;
+  if (manager) {
+    activation_scope scope(manager);
+    loss = model.forward(x, segments).square().mean();
+  } else {
+    loss = model.forward(x, segments).square().mean();
+  }
+  loss.backward();
+  return {loss.detach(), model.running.clone(), model.grads()};
+}
+
+void check_identical(const result& a, const result& b) {
+  CHECK(at::equal(a.loss, b.loss));
+  CHECK(at::equal(a.running, b.running));
+  REQUIRE(a.grads.size() == b.grads.size());
+  for (std::size_t i = 0; i < a.grads.size(); ++i) CHECK(at::equal(a.grads[i], b.grads[i]));
+}
+
+activation_options evict_all(activation_mode mode) {
+  activation_options o;
+  o.max_resident = 0;
+  o.mode = mode;
+  o.min_bytes = 0;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("dropped checkpoint segments are recomputed bit-identically, state updated once") {
+  enable_libtorch_hooks();
+  enable_libtorch_hooks();  // a second call is a no-op
+  const result reference = train_step(nullptr, false);
+  auto manager = activation_manager::make(evict_all(activation_mode::drop));
+  const result got = train_step(manager, true);
+  check_identical(reference, got);
+  const activation_stats s = manager->stats();
+  CHECK(s.drops > 0);
+  CHECK(s.recomputes > 0);
+  CHECK(s.spills == 0);
+  CHECK(s.registered == 0);  // everything released after backward
+  CHECK(s.resident_bytes == 0);
+}
+
+TEST_CASE("spilled activations come back identical, prefetched in backward order") {
+  enable_libtorch_hooks();
+  const result reference = train_step(nullptr, false);
+  auto options = evict_all(activation_mode::spill);
+  options.prefetch = 1;
+  auto manager = activation_manager::make(options);
+  const result got = train_step(manager, false);
+  check_identical(reference, got);
+  const activation_stats s = manager->stats();
+  CHECK(s.spills > 0);
+  CHECK(s.restores == s.spills);
+  CHECK(s.prefetches > 0);
+  CHECK(s.drops == 0);
+}
+
+TEST_CASE("hybrid mode without pressure evicts nothing") {
+  enable_libtorch_hooks();
+  auto manager = activation_manager::make({});
+  (void)train_step(manager, true);
+  CHECK(manager->stats().evictions == 0);
+  CHECK(manager->stats().packed > 0);
+}
+
+TEST_CASE("a storage the program holds is never evicted") {
+  enable_libtorch_hooks();
+  auto manager = activation_manager::make(evict_all(activation_mode::spill));
+  at::Tensor x = at::randn({128, 128}).requires_grad_();
+  at::Tensor h, y;
+  {
+    activation_scope scope(manager);
+    h = x.exp();  // saved by exp's backward, and held here
+    y = h.sin();
+  }
+  const at::Tensor before = h.detach().clone();
+  REQUIRE(manager->state_of(h).has_value());
+  CHECK(*manager->state_of(h) == "resident");
+  manager->evict(std::size_t{1} << 30);
+  CHECK(*manager->state_of(h) == "resident");
+  CHECK(at::equal(h.detach(), before));
+  y.sum().backward();
+  CHECK(at::allclose(x.grad(), x.detach().exp().cos() * x.detach().exp()));
+}
+
+TEST_CASE("a segment that saves different sizes the second time fails clearly") {
+  enable_libtorch_hooks();
+  auto manager = activation_manager::make(evict_all(activation_mode::drop));
+  at::Tensor x = at::randn({64, 64}).requires_grad_();
+  int calls = 0;
+  at::Tensor loss;
+  {
+    activation_scope scope(manager);
+    loss = checkpoint([&](const std::vector<at::Tensor>& in) {
+             ++calls;
+             return in[0].repeat({calls, 1}).exp();
+           }, {x}).sum();
+  }
+  CHECK(manager->stats().drops > 0);
+  try {
+    loss.backward();
+    FAIL("no error");
+  } catch (const std::exception& e) {
+    CHECK(std::string(e.what()).find("not deterministic") != std::string::npos);
+  }
+}
+
+TEST_CASE("bad options name the value") {
+  CHECK_THROWS_WITH_AS(parse_activation_mode("copy"),
+                       "spillway.activations: mode 'copy' is invalid: expected one of hybrid, spill, drop",
+                       spillway::invalid_argument);
+  CHECK_THROWS_AS(parse_activation_policy("mru"), spillway::invalid_argument);
+  activation_options o;
+  o.link_bandwidth = 0;
+  CHECK_THROWS_AS(activation_manager::make(o), spillway::invalid_argument);
+  auto m = activation_manager::make({});
+  CHECK_THROWS_AS(m->end_segment(0), spillway::invalid_argument);
+}

@@ -1,0 +1,166 @@
+// activation_manager: activations saved for backward, evicted under memory pressure and made
+// resident again on use. One implementation for both ways in: the Python package's
+// spillway.activations() (saved-tensor hooks) and LibTorch programs (libtorch_activations.hpp).
+//
+// Contract
+// - pack(tensor) registers a tensor autograd saves, by *storage*: views and aliases of one storage
+//   share one entry. It returns the handle autograd keeps instead of the tensor, or nullptr for a
+//   tensor to keep as it is (smaller than min_bytes, or not on a CPU or CUDA device).
+// - A storage is evictable only when nothing but the handles' aliases holds it (the storage's use
+//   count equals the aliases plus the entry's own reference): a tensor the program still uses, a
+//   weight, or a tensor a running backward node just unpacked is never touched.
+// - Eviction keeps the StorageImpl and swaps its memory out (a null DataPtr, 0 bytes), so every
+//   view stays valid and sees the bytes again once restored. It spills (a copy to host memory,
+//   pinned for CUDA, on a dedicated device-to-host stream; the block is record_stream'ed onto it,
+//   so it is freed in stream order after the copy) or drops (only for storages a checkpoint
+//   segment saved: the segment is their lineage). Per storage, by cost: the segment's measured
+//   forward time against 2 x bytes / link_bandwidth. Modes spill and drop force one kind.
+// - unpack(handle) makes the storage resident and returns a fresh alias (so the storage is not
+//   evictable while autograd uses it): a spilled one is copied back on a host-to-device stream that
+//   the current stream then waits for; a dropped one is recomputed by its segment's replay, run
+//   with the default CPU and CUDA generators set to their state at the segment's start (and put
+//   back afterwards); every dropped storage of the segment is refilled from the tensors the replay
+//   saved, matched by save order. A replay that saves tensors of other sizes fails with
+//   std::runtime_error ("not deterministic"), changing nothing.
+// - After each unpack the next `prefetch` spilled storages in backward order (reverse pack order)
+//   start copying back, so that copies overlap compute.
+// - Pressure: whenever the resident bytes of saved storages exceed max_resident (at every pack and
+//   unpack, and at end_scope), and, when constructed with a plugin_allocator, whenever one of its
+//   allocations does not fit the budget (a pressure handler; a manager busy on another thread
+//   answers "nothing" instead of waiting, which could deadlock).
+// - Victims: dtr (smallest restore cost / (bytes x staleness)), lru, or largest.
+// - Thread-safe: one recursive mutex (autograd runs backward on its own threads; an allocation the
+//   manager makes may come back as pressure on the same thread). Replays run under it.
+// - Bad options throw spillway::invalid_argument naming the value and what was expected.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
+#include <c10/core/Storage.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "plugin_allocator.hpp"
+
+namespace spillway::torch_plugin {
+
+enum class activation_mode { hybrid, spill, drop };
+enum class activation_policy { dtr, lru, largest };
+
+activation_mode parse_activation_mode(std::string_view name);      // "hybrid" | "spill" | "drop"
+activation_policy parse_activation_policy(std::string_view name);  // "dtr" | "lru" | "largest"
+
+struct activation_options {
+  std::optional<std::size_t> max_resident;  // bytes of saved storages kept resident; none: no cap
+  activation_mode mode = activation_mode::hybrid;
+  activation_policy policy = activation_policy::dtr;
+  std::size_t prefetch = 2;
+  std::size_t min_bytes = std::size_t{64} << 10;
+  double link_bandwidth = 25e9;             // host link, bytes per second
+};
+
+struct activation_stats {
+  std::uint64_t packed = 0, evictions = 0, spills = 0, drops = 0, restores = 0, recomputes = 0,
+                bytes_spilled = 0, bytes_dropped = 0, bytes_restored = 0, prefetches = 0,
+                pressure_calls = 0;
+  std::uint64_t registered = 0, resident_bytes = 0, spilled_bytes = 0, dropped_bytes = 0;
+  std::vector<std::pair<std::string, std::uint64_t>> fields() const;  // name, value
+};
+
+// Re-runs a checkpoint segment and returns, in order, every tensor it saved for backward. The
+// binding implements it (Python: saved_tensors_hooks; LibTorch: the engine's default hooks), and
+// keeps BatchNorm running statistics from being updated twice.
+using segment_replay = std::function<std::vector<at::Tensor>()>;
+
+class activation_manager : public std::enable_shared_from_this<activation_manager> {
+ public:
+  struct entry;
+  struct segment;
+
+  // What autograd keeps for one saved tensor: an alias of its storage. Dropping it releases the
+  // entry once no handle of that storage is left.
+  class saved {
+   public:
+    saved(std::shared_ptr<activation_manager> manager, entry* e, at::Tensor alias);
+    ~saved();
+    saved(const saved&) = delete;
+    saved& operator=(const saved&) = delete;
+
+   private:
+    friend class activation_manager;
+    std::shared_ptr<activation_manager> manager_;
+    entry* entry_;
+    at::Tensor alias_;
+  };
+
+  // Use make(): handles keep the manager alive through shared_from_this.
+  static std::shared_ptr<activation_manager> make(activation_options options,
+                                                  plugin_allocator* pressure_source = nullptr);
+  ~activation_manager();
+  activation_manager(const activation_manager&) = delete;
+  activation_manager& operator=(const activation_manager&) = delete;
+
+  std::shared_ptr<saved> pack(const at::Tensor& tensor);
+  at::Tensor unpack(const saved& handle);
+
+  // A checkpoint segment runs between begin_segment and end_segment: the storages it saves get
+  // `replay` as their lineage. cuda_devices: the devices whose generators the segment uses.
+  void begin_segment(segment_replay replay, std::vector<c10::DeviceIndex> cuda_devices);
+  void end_segment(double host_seconds);
+
+  // Evicts until `wanted` bytes are freed or nothing evictable is left (on `device` only, if
+  // given); returns (freed, pinned): pinned is what is resident and may not be evicted now.
+  std::pair<std::size_t, std::size_t> evict(std::size_t wanted,
+                                            std::optional<c10::DeviceIndex> device = std::nullopt);
+  void enforce_max_resident();
+
+  activation_stats stats() const;
+  // "resident", "spilled" or "dropped" for the entry of `tensor`'s storage; nullopt if none.
+  std::optional<std::string> state_of(const at::Tensor& tensor) const;
+  const activation_options& options() const noexcept { return options_; }
+
+  void close();  // stops answering the allocator's pressure; saved activations stay usable
+
+  // Every live manager's statistics plus those of managers already gone (spillway.stats()).
+  static activation_stats totals();
+
+ private:
+  activation_manager(activation_options options, plugin_allocator* pressure_source);
+
+  void release(saved& handle) noexcept;
+  void forget(entry& e);
+  bool evictable(const entry& e) const;
+  std::pair<double, bool> restore_cost(entry& e);  // seconds, true = drop
+  entry* choose(std::vector<entry*>& candidates, double now);
+  std::size_t evict_one(entry& e);
+  void copy_out(entry& e);
+  void copy_in(entry& e);
+  void make_resident(entry& e);
+  void recompute(segment& s);
+  void prefetch_before(std::uint64_t seq);
+  void note_saved(entry* e);
+
+  activation_options options_;
+  plugin_allocator* pressure_source_;
+  std::uint64_t pressure_handler_ = 0;
+  mutable std::recursive_mutex mutex_;
+  std::unordered_map<c10::StorageImpl*, std::unique_ptr<entry>> entries_;
+  std::map<std::uint64_t, entry*> spilled_;  // by pack order, for prefetch
+  std::vector<std::shared_ptr<segment>> open_segments_;
+  std::uint64_t next_seq_ = 0;
+  std::size_t resident_bytes_ = 0;
+  activation_stats counters_;
+};
+
+}  // namespace spillway::torch_plugin

@@ -1,0 +1,143 @@
+// libtorch_activations.cpp: the contract is in libtorch_activations.hpp.
+#include "libtorch_activations.hpp"
+
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
+
+#include <algorithm>
+#include <chrono>
+#include <typeinfo>
+#include <mutex>
+#include <stdexcept>
+
+namespace spillway::torch_plugin {
+
+namespace {
+
+thread_local activation_scope* innermost = nullptr;
+// While a checkpoint segment is replayed on this thread, what it saves is collected here instead.
+thread_local std::vector<at::Tensor>* replay_record = nullptr;
+
+// Packs into `manager`; with no manager (a replay), only records.
+class spillway_saved_hooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  explicit spillway_saved_hooks(std::shared_ptr<activation_manager> manager)
+      : manager_(std::move(manager)) {}
+
+  void call_pack_hook(const at::Tensor& tensor) override {
+    if (replay_record != nullptr || !manager_) {
+      if (replay_record != nullptr) replay_record->push_back(tensor.detach());
+      kept_ = tensor.detach();
+      return;
+    }
+    handle_ = manager_->pack(tensor);
+    if (!handle_) kept_ = tensor;  // small: saved as it is
+  }
+
+  at::Tensor call_unpack_hook() override { return handle_ ? manager_->unpack(*handle_) : kept_; }
+
+ private:
+  std::shared_ptr<activation_manager> manager_;
+  std::shared_ptr<activation_manager::saved> handle_;
+  at::Tensor kept_;
+};
+
+// The base engine, except for the saved variables of threads inside an activation_scope.
+class spillway_engine final : public torch::autograd::Engine {
+ public:
+  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
+    // A replay runs inside an unpack, possibly on an autograd worker thread outside any scope.
+    if (replay_record != nullptr) return std::make_unique<spillway_saved_hooks>(nullptr);
+    activation_manager* m = activation_scope::current();
+    if (m == nullptr) return nullptr;
+    return std::make_unique<spillway_saved_hooks>(m->shared_from_this());
+  }
+};
+
+torch::autograd::Engine& spillway_engine_instance() {
+  static auto* engine = new spillway_engine;  // never destroyed, like the base engine
+  return *engine;
+}
+
+}  // namespace
+
+void enable_libtorch_hooks() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto& current = torch::autograd::Engine::get_default_engine();
+    if (typeid(current) != typeid(torch::autograd::Engine)) {
+      throw std::logic_error(
+          "spillway: enable_libtorch_hooks: the default autograd engine is not LibTorch's base "
+          "engine (a Python process?); use spillway.activations() from Python instead");
+    }
+    torch::autograd::set_default_engine_stub(&spillway_engine_instance);
+  });
+}
+
+activation_scope::activation_scope(std::shared_ptr<activation_manager> manager)
+    : manager_(std::move(manager)), outer_(innermost) {
+  innermost = this;
+}
+
+activation_scope::~activation_scope() {
+  innermost = outer_;
+  try {
+    manager_->enforce_max_resident();
+  } catch (...) {
+    // A destructor cannot fail; the next pack or unpack enforces it again.
+  }
+}
+
+activation_manager* activation_scope::current() noexcept {
+  return innermost == nullptr ? nullptr : innermost->manager_.get();
+}
+
+at::Tensor checkpoint(const segment_function& fn, const std::vector<at::Tensor>& inputs,
+                      const std::vector<at::Tensor>& keep) {
+  activation_manager* manager = activation_scope::current();
+  if (manager == nullptr) return fn(inputs);
+
+  std::vector<c10::DeviceIndex> cuda_devices;
+  for (const at::Tensor& t : inputs) {
+    if (t.defined() && t.is_cuda() &&
+        std::find(cuda_devices.begin(), cuda_devices.end(), t.device().index()) == cuda_devices.end()) {
+      cuda_devices.push_back(t.device().index());
+    }
+  }
+  std::vector<at::Tensor> held = inputs;  // the replay's inputs live as long as the lineage
+  segment_replay replay = [fn, held, keep]() {
+    std::vector<at::Tensor> kept_values;
+    for (const at::Tensor& t : keep) kept_values.push_back(t.detach().clone());
+    std::vector<at::Tensor> detached;
+    for (const at::Tensor& t : held) {
+      detached.push_back(t.defined() ? t.detach().requires_grad_(t.requires_grad()) : t);
+    }
+    std::vector<at::Tensor> recorded;
+    replay_record = &recorded;
+    try {
+      at::AutoGradMode grad(true);
+      (void)fn(detached);
+    } catch (...) {
+      replay_record = nullptr;
+      throw;
+    }
+    replay_record = nullptr;
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < keep.size(); ++i) keep[i].detach().copy_(kept_values[i]);
+    return recorded;
+  };
+  manager->begin_segment(std::move(replay), std::move(cuda_devices));
+  const auto start = std::chrono::steady_clock::now();
+  at::Tensor out;
+  try {
+    out = fn(inputs);
+  } catch (...) {
+    manager->end_segment(0);
+    throw;
+  }
+  manager->end_segment(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return out;
+}
+
+}  // namespace spillway::torch_plugin
