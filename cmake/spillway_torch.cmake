@@ -7,7 +7,8 @@
 #
 # In:  SPILLWAY_WITH_TORCH (AUTO | ON | OFF), Python3_EXECUTABLE (the interpreter that has torch;
 #      scripts/setup.sh passes .venv/bin/python).
-# Out: SPILLWAY_HAVE_TORCH, SPILLWAY_TORCH_VERSION, SPILLWAY_TORCH_DIR, target spillway::torch_libs.
+# Out: SPILLWAY_HAVE_TORCH, SPILLWAY_TORCH_VERSION, SPILLWAY_TORCH_DIR, target spillway::torch_libs,
+#      SPILLWAY_TORCH_PYTHON_LIB (libtorch_python, for the Python module only).
 
 set(SPILLWAY_HAVE_TORCH OFF)
 if(SPILLWAY_WITH_TORCH STREQUAL "OFF")
@@ -67,6 +68,9 @@ target_link_libraries(spillway_torch_libs INTERFACE CUDA::cudart)
 # program linked against them needs torch/lib on its own.
 target_link_options(spillway_torch_libs INTERFACE "-Wl,-rpath,${SPILLWAY_TORCH_DIR}/lib"
                     "-Wl,--allow-shlib-undefined")
+
+# libtorch_python: only the Python module needs it (at::Tensor <-> torch.Tensor).
+find_library(SPILLWAY_TORCH_PYTHON_LIB NAMES torch_python PATHS ${SPILLWAY_TORCH_DIR}/lib NO_DEFAULT_PATH REQUIRED)
 
 set(SPILLWAY_HAVE_TORCH ON)
 message(STATUS "spillway: PyTorch plugin against torch ${SPILLWAY_TORCH_VERSION} in ${SPILLWAY_TORCH_DIR}")

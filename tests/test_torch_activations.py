@@ -152,7 +152,7 @@ class Ownership(unittest.TestCase):
             y = h.sin()          # sin saves h
         self.assertEqual(acts.state_of(h), "resident")
         before = h.clone()
-        acts._evict_bytes(1 << 30)        # everything evictable goes
+        acts.evict(1 << 30)        # everything evictable goes
         self.assertEqual(acts.state_of(h), "resident")
         self.assertTrue(torch.equal(h, before))
         y.sum().backward()
@@ -176,7 +176,7 @@ class Ownership(unittest.TestCase):
             a = base[:32].sin()
             b = base[32:].cos()
         del base
-        freed, _ = acts._evict_bytes(1 << 30)
+        freed, _ = acts.evict(1 << 30)
         self.assertEqual(freed, 64 * 64 * 4)       # base's storage, once for both views
         (a.sum() + b.sum()).backward()
         e = x.detach().exp()

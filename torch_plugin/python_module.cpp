@@ -10,8 +10,12 @@
 //   IndexError, out of memory torch.OutOfMemoryError, an unsupported feature NotImplementedError,
 //   anything else RuntimeError. Messages are spillway's, which name the value and what was expected.
 // - Pressure callbacks: a Python callable (device, bytes, shortfall) -> (freed, pinned) that the
-//   allocator calls, with the GIL taken, when an allocation does not fit the budget. The
-//   activations manager (spillway/activations.py) is one.
+//   allocator calls, with the GIL taken, when an allocation does not fit the budget.
+// - ActivationManager: activation_manager.hpp for spillway.activations(). Every method releases
+//   the GIL before it takes the manager's lock, and replays take it back to run Python: a thread
+//   that waits for the lock never holds the GIL, so the two cannot deadlock.
+#include <torch/csrc/utils/pybind.h>  // at::Tensor <-> torch.Tensor (before pybind11's own)
+
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -21,6 +25,7 @@
 #include <memory>
 #include <string>
 
+#include "activation_manager.hpp"
 #include "config_string.hpp"
 #include "spillway/errors.hpp"
 #include "torch_allocator.hpp"
@@ -92,6 +97,103 @@ std::shared_ptr<py::function> keep(py::function fn) {
   });
 }
 
+py::dict activation_dict(const torch_plugin::activation_stats& s) {
+  py::dict d;
+  for (const auto& [name, value] : s.fields()) d[py::str(name)] = value;
+  return d;
+}
+
+// A saved activation's handle as autograd keeps it. Dropped with the GIL released: releasing the
+// handle takes the manager's lock.
+struct saved_handle {
+  std::shared_ptr<torch_plugin::activation_manager::saved> handle;
+  ~saved_handle() {
+    if (handle) {
+      py::gil_scoped_release no_gil;
+      handle.reset();
+    }
+  }
+};
+
+void bind_activation_manager(py::module_& m) {
+  using torch_plugin::activation_manager;
+  py::class_<saved_handle>(m, "SavedActivation");
+  py::class_<activation_manager, std::shared_ptr<activation_manager>>(m, "ActivationManager")
+      .def(py::init([](std::optional<std::size_t> max_resident, const std::string& mode,
+                       const std::string& policy, std::size_t prefetch, std::size_t min_bytes,
+                       double link_bandwidth) {
+             torch_plugin::activation_options o;
+             o.max_resident = max_resident;
+             o.mode = torch_plugin::parse_activation_mode(mode);
+             o.policy = torch_plugin::parse_activation_policy(policy);
+             o.prefetch = prefetch;
+             o.min_bytes = min_bytes;
+             o.link_bandwidth = link_bandwidth;
+             // With spillway installed, the manager also answers its allocator's pressure.
+             return activation_manager::make(o, current ? &current->devices() : nullptr);
+           }),
+           py::arg("max_resident"), py::arg("mode"), py::arg("policy"), py::arg("prefetch"),
+           py::arg("min_bytes"), py::arg("link_bandwidth"))
+      .def("pack",
+           [](activation_manager& self, const at::Tensor& tensor) -> py::object {
+             std::shared_ptr<activation_manager::saved> handle;
+             {
+               py::gil_scoped_release no_gil;
+               handle = self.pack(tensor);
+             }
+             if (!handle) return py::none();
+             return py::cast(new saved_handle{std::move(handle)}, py::return_value_policy::take_ownership);
+           })
+      .def("unpack",
+           [](activation_manager& self, const saved_handle& h) {
+             py::gil_scoped_release no_gil;
+             return self.unpack(*h.handle);
+           })
+      .def("begin_segment",
+           [](activation_manager& self, py::function replay, std::vector<c10::DeviceIndex> devices) {
+             std::shared_ptr<py::function> fn = keep(std::move(replay));
+             torch_plugin::segment_replay run = [fn]() {
+               py::gil_scoped_acquire gil;
+               std::vector<at::Tensor> saved;
+               for (py::handle t : (*fn)()) saved.push_back(t.cast<at::Tensor>());
+               return saved;
+             };
+             py::gil_scoped_release no_gil;
+             self.begin_segment(std::move(run), std::move(devices));
+           })
+      .def("end_segment", &activation_manager::end_segment, py::call_guard<py::gil_scoped_release>())
+      .def("evict",
+           [](activation_manager& self, std::size_t bytes) {
+             py::gil_scoped_release no_gil;
+             return self.evict(bytes);
+           })
+      .def("enforce_max_resident", &activation_manager::enforce_max_resident,
+           py::call_guard<py::gil_scoped_release>())
+      .def("stats",
+           [](activation_manager& self) {
+             torch_plugin::activation_stats s;
+             {
+               py::gil_scoped_release no_gil;
+               s = self.stats();
+             }
+             return activation_dict(s);
+           })
+      .def("state_of",
+           [](activation_manager& self, const at::Tensor& t) {
+             py::gil_scoped_release no_gil;
+             return self.state_of(t);
+           })
+      .def("close", &activation_manager::close, py::call_guard<py::gil_scoped_release>());
+  m.def("activation_totals", [] {
+    torch_plugin::activation_stats s;
+    {
+      py::gil_scoped_release no_gil;
+      s = torch_plugin::activation_manager::totals();
+    }
+    return activation_dict(s);
+  });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -149,6 +251,8 @@ PYBIND11_MODULE(_C, m) {
           current = std::move(allocator);
         },
         py::arg("conf"));
+
+  bind_activation_manager(m);
 
   m.def("is_installed", [] { return current != nullptr; });
   m.def("backend", [] { return require_installed("backend").config().backend; });
