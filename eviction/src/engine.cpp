@@ -194,11 +194,19 @@ void eviction_engine::set_lineage(buffer_id id, node_id producer, std::uint32_t 
   if (e.producer == &n && e.output_index == output_index) return;
   node_entry* old = e.producer;
   const std::uint32_t old_index = e.output_index;
-  m.attach_output_locked(e, n, output_index);  // validates first; throws before any change
+  m.graph_remove_locked(e);  // its edges change: out of the graph meanwhile
+  try {
+    m.attach_output_locked(e, n, output_index);  // validates first; throws before any change
+  } catch (...) {
+    m.graph_insert_locked(e);
+    throw;
+  }
   if (old != nullptr) {
     old->outputs[old_index] = nullptr;
     if (--old->live_outputs == 0) m.retire_node_locked(*old);
   }
+  m.graph_insert_locked(e);
+  if (m.candidates.contains(e)) m.candidates.record(e) = m.make_record_locked(e);  // new cost
 }
 
 // --- registration ------------------------------------------------------------------------------------
@@ -240,8 +248,10 @@ buffer_id eviction_engine::register_buffer(void* ptr, std::size_t size, stream_r
     // Used on another stream than the one it was allocated on: its free waits for that stream.
     if (info.stream != stream) m.allocator.record_stream(ptr, stream);
     m.by_pointer.emplace(ptr, e);
+    m.graph_insert_locked(*e);  // next to the dropped classes of its inputs, if any
     m.update_candidacy_locked(*e);
   } catch (...) {
+    m.graph_remove_locked(*e);
     m.by_pointer.erase(ptr);
     if (e->producer != nullptr) {
       e->producer->outputs[e->output_index] = nullptr;
@@ -271,6 +281,7 @@ void eviction_engine::forget(buffer_id id) {
 // Frees everything the entry holds and recycles it. Cascades through nodes that lose their last
 // output.
 void eviction_engine::impl::release_entry_locked(buffer_entry& e) noexcept {
+  graph_remove_locked(e);
   if (candidates.contains(e)) candidates.erase(e);
   if (e.device_ptr != nullptr) {
     by_pointer.erase(e.device_ptr);
@@ -384,8 +395,26 @@ void eviction_engine::impl::unpin_locked(buffer_entry& e) noexcept {
 // A candidate is resident, unpinned and evictable (Note [Eviction state machine]).
 void eviction_engine::impl::update_candidacy_locked(buffer_entry& e) {
   const bool should = e.state == buffer_state::resident && e.pins == 0 && e.evictable;
-  if (should && !candidates.contains(e)) candidates.insert(e);
+  if (should && !candidates.contains(e)) candidates.insert(e, make_record_locked(e));
   if (!should && candidates.contains(e)) candidates.erase(e);
+}
+
+// What a policy sees of e, read once when it becomes a candidate. Nothing in it changes while it
+// is one, except the neighbourhood cost, which set_neighbourhood_locked keeps equal.
+detail::candidate_record eviction_engine::impl::make_record_locked(buffer_entry& e) const noexcept {
+  detail::candidate_record r;
+  r.entry = &e;
+  r.id = e.id;
+  r.size = e.size;
+  r.last_access_ns = e.last_access_ns;
+  r.recompute_ns = e.producer != nullptr ? e.producer->desc.cost_ns : 0;
+  r.neighbourhood_ns = e.neighbourhood_ns;
+  r.stream = e.stream;
+  r.mode = e.mode;
+  r.small_pool = e.small_pool;
+  r.can_drop = can_drop_locked(e);
+  r.can_spill = config.allow_spill && e.mode != eviction_mode::drop;
+  return r;
 }
 
 // --- other operations and queries ---------------------------------------------------------------------
@@ -416,6 +445,14 @@ buffer_state eviction_engine::state(buffer_id id) const {
   engine_lock lock(m);
   m.reap_in_flight_locked();
   return m.lookup_locked(id, "state").state;
+}
+
+std::optional<candidate_info> eviction_engine::describe_candidate(buffer_id id) const {
+  impl& m = *impl_;
+  engine_lock lock(m);
+  const buffer_entry& e = m.lookup_locked(id, "describe_candidate");
+  if (!m.candidates.contains(e)) return std::nullopt;
+  return m.describe_candidate_locked(m.candidates.record(e), m.now());
 }
 
 std::size_t eviction_engine::size(buffer_id id) const {

@@ -3,7 +3,8 @@
 // Methods ending in _locked assume the engine mutex is held (engine_lock). Files:
 //   engine.cpp            public API: registration, lineage, pin/unpin, forget, queries
 //   engine_spill.cpp      spill to pinned host, restore, in-flight copy bookkeeping, events
-//   engine_recompute.cpp  drop, recursive rematerialisation, DTR equivalence classes
+//   engine_recompute.cpp  drop, recursive rematerialisation
+//   engine_neighbourhood.cpp  DTR's classes of dropped buffers and each buffer's neighbourhood cost
 //   engine_pressure.cpp   the allocator's pressure handler, victim choice, the candidate view
 #pragma once
 
@@ -46,6 +47,11 @@ struct eviction_engine::impl {
   std::vector<detail::buffer_entry*> in_flight;  // spilling or restoring, waiting on an event
   std::vector<event_ref> idle_events;
   std::size_t d2h_queued_bytes = 0;
+  // DTR's classes (engine_neighbourhood.cpp): records recycled through a free list.
+  std::vector<std::unique_ptr<detail::dtr_class>> class_records;
+  std::vector<detail::dtr_class*> idle_classes;
+  std::uint64_t upkeep_mark = 0;   // the last mark handed out to an upkeep step
+  bool neighbourhood_lost = false; // an upkeep step ran out of host memory: estimates are 0 since
   engine_stats stats;
   pressure_handler_id handler_id = 0;
 
@@ -80,14 +86,28 @@ struct eviction_engine::impl {
   bool can_drop_locked(const detail::buffer_entry& e) const noexcept;
   void drop_locked(detail::buffer_entry& e) noexcept;
   void recompute_locked(detail::node_entry& n, std::size_t depth);
-  double neighbourhood_cost_locked(const detail::buffer_entry& e) const;
-  static std::shared_ptr<detail::dtr_class> class_root(const std::shared_ptr<detail::dtr_class>& c) noexcept;
+
+  // --- engine_neighbourhood.cpp ----------------------------------------------------------------------
+  void set_state_locked(detail::buffer_entry& e, buffer_state s) noexcept;  // keeps the classes
+  void graph_insert_locked(detail::buffer_entry& e) noexcept;  // registered / lineage changed
+  void graph_remove_locked(detail::buffer_entry& e) noexcept;  // forgotten / lineage changing
+  void join_class_locked(detail::buffer_entry& t);
+  void leave_class_locked(detail::buffer_entry& t);
+  void split_class_locked(detail::dtr_class& c, detail::buffer_entry& t,
+                          const std::vector<detail::buffer_entry*>& ends, double old_cost);
+  void add_to_boundaries_locked(detail::buffer_entry& e);
+  void remove_from_boundaries_locked(detail::buffer_entry& e) noexcept;
+  void set_neighbourhood_locked(detail::buffer_entry& e, double cost_ns) noexcept;
+  detail::dtr_class* make_class_locked();
+  void free_class_locked(detail::dtr_class* c) noexcept;
+  void lose_neighbourhood_locked() noexcept;
 
   // --- engine_pressure.cpp -------------------------------------------------------------------------
   pressure_result on_pressure(const pressure_request& request);
   pressure_result evict_for_locked(const eviction_request& request);
   bool evict_locked(detail::buffer_entry& e, eviction_mode mode);
-  candidate_info describe_candidate_locked(const detail::buffer_entry& e, std::uint64_t now) const;
+  candidate_info describe_candidate_locked(const detail::candidate_record& r, std::uint64_t now) const noexcept;
+  detail::candidate_record make_record_locked(detail::buffer_entry& e) const noexcept;
   void* allocate_locked(std::size_t bytes, stream_ref stream);
 };
 

@@ -165,72 +165,8 @@ void eviction_engine::impl::drop_locked(buffer_entry& e) noexcept {
   allocator.deallocate(e.device_ptr);  // after the work of its use streams (record_stream)
   e.device_ptr = nullptr;
   e.use_streams.clear();
-  e.state = buffer_state::dropped;
+  set_state_locked(e, buffer_state::dropped);  // joins the dropped buffers next to it (DTR's e*)
   ++stats.drops;
-
-  // DTR's e*: the dropped buffer joins the equivalence classes of dropped neighbours.
-  if (e.dtr == nullptr) {  // first drop; a class, once joined, is never split
-    try {
-      e.dtr = std::make_shared<detail::dtr_class>();
-    } catch (...) {
-      return;  // no memory for the record: the estimate leaves this buffer out
-    }
-    e.dtr->cost_ns = e.producer != nullptr ? e.producer->desc.cost_ns : 0;
-  }
-  const auto join = [&](buffer_entry* n) {
-    if (n == nullptr || n->state != buffer_state::dropped || n->dtr == nullptr) return;
-    const std::shared_ptr<detail::dtr_class> a = class_root(e.dtr);
-    const std::shared_ptr<detail::dtr_class> b = class_root(n->dtr);
-    if (a == b) return;
-    b->parent = a;
-    a->cost_ns += b->cost_ns;
-  };
-  if (e.producer != nullptr) {
-    for (buffer_entry* in : e.producer->inputs) join(in);
-  }
-  for (node_entry* consumer : e.consumers) {
-    for (buffer_entry* out : consumer->outputs) join(out);
-  }
-}
-
-std::shared_ptr<detail::dtr_class> eviction_engine::impl::class_root(
-    const std::shared_ptr<detail::dtr_class>& c) noexcept {
-  std::shared_ptr<detail::dtr_class> x = c;
-  while (x->parent != nullptr) {
-    if (x->parent->parent != nullptr) x->parent = x->parent->parent;  // path halving
-    x = x->parent;
-  }
-  return x;
-}
-
-// The summed cost of the distinct dropped classes next to e: its producer's inputs and the
-// outputs of the nodes that consume it.
-double eviction_engine::impl::neighbourhood_cost_locked(const buffer_entry& e) const {
-  // A read-only walk on raw pointers: this runs for every sampled candidate of every decision,
-  // so no shared_ptr copies (atomic counts) and no path compression here.
-  const auto root_of = [](const detail::dtr_class* c) {
-    while (c->parent != nullptr) c = c->parent.get();
-    return c;
-  };
-  const detail::dtr_class* seen[8];
-  std::size_t n_seen = 0;
-  double cost = 0;
-  const auto add = [&](const buffer_entry* n) {
-    if (n == nullptr || n->state != buffer_state::dropped || n->dtr == nullptr) return;
-    const detail::dtr_class* root = root_of(n->dtr.get());
-    for (std::size_t i = 0; i < n_seen; ++i) {
-      if (seen[i] == root) return;
-    }
-    if (n_seen < 8) seen[n_seen++] = root;
-    cost += root->cost_ns;
-  };
-  if (e.producer != nullptr) {
-    for (buffer_entry* in : e.producer->inputs) add(in);
-  }
-  for (node_entry* consumer : e.consumers) {
-    for (buffer_entry* out : consumer->outputs) add(out);
-  }
-  return cost;
 }
 
 namespace {
@@ -339,7 +275,7 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
       order_after_locked(out->stream, n.stream);
       allocator.record_stream(out->device_ptr, out->stream);
     }
-    out->state = buffer_state::resident;
+    set_state_locked(*out, buffer_state::resident);
     stats.bytes_recomputed += out->size;
   }
   for (buffer_entry* out : n.outputs) {

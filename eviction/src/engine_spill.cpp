@@ -190,7 +190,7 @@ void eviction_engine::impl::discard_host_copy_locked(buffer_entry& e) noexcept {
   }
   e.host_ptr = nullptr;
   if (e.state == buffer_state::spilling || e.state == buffer_state::spilled) {
-    e.state = buffer_state::dropped;
+    set_state_locked(e, buffer_state::dropped);
   }
 }
 

@@ -2,12 +2,14 @@
 //
 // Sampling (both). With n <= 64 candidates every one is scored. Above that, k = ceil(sqrt(n))
 // are: [0, n) is cut into k strata whose lengths differ by at most one, and one index is drawn
-// uniformly from each with the policy's std::mt19937_64. Every candidate is in the sample with
-// probability ~k/n, as with DTR's uniform sample, and the sample has no duplicates for the price
+// uniformly from each with the policy's generator (SplitMix64). Every candidate is in the sample
+// with probability ~k/n, as with DTR's uniform sample, and the sample has no duplicates for the price
 // of one draw per stratum. The minimum h of k draws lies, on average, in the best 1/(k+1) of the
-// candidates (the best 1% at n = 10,000). dtr's choose() is one pass over the sample that keeps
-// the best so far: O(sqrt n) view calls and no allocation; dtr-frag's adds a second pass over
-// the candidates it kept (see Lookups below).
+// candidates (the best 1% at n = 10,000). The sample is described in one candidate_view::describe
+// call (the engine's reads one record per candidate, with its cost and neighbourhood cost cached),
+// then dtr's choose() is one pass over it that keeps the best so far: no allocation once the
+// scratch has grown to the sample's size; dtr-frag's adds a second pass over the candidates it
+// kept (see Lookups below).
 //
 // dtr-frag: why it frees a contiguous range quickly. A request that needs `bytes` contiguous on
 // one stream and pool is not served by freeing `shortfall` bytes anywhere: DTR's best victims are
@@ -63,10 +65,28 @@ std::size_t ceil_sqrt(std::size_t n) noexcept {
   return r;
 }
 
+// The sampling policies' generator: SplitMix64 (Steele, Lea and Flood), one add and a few
+// multiply-xorshifts per draw. std::mt19937_64 regenerates its 312-word state every 312 draws,
+// about 1 us that one decision in three paid; sampling needs no more than SplitMix64 gives.
+class splitmix64 {
+ public:
+  using result_type = std::uint64_t;
+  explicit splitmix64(std::uint64_t seed) noexcept : state_(seed) {}
+  std::uint64_t operator()() noexcept {
+    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
 // A uniform draw in [0, bound): the high half of a 64x64-bit product (Lemire), instead of a
 // 64-bit division (tens of cycles, a large share of a decision's cost at 100 draws). The bias,
 // at most bound / 2^64, does not matter here.
-std::size_t draw_below(std::mt19937_64& rng, std::size_t bound) noexcept {
+std::size_t draw_below(splitmix64& rng, std::size_t bound) noexcept {
   __extension__ using u128 = unsigned __int128;  // __extension__: no -Wpedantic warning
   return static_cast<std::size_t>((static_cast<u128>(rng()) * bound) >> 64);
 }
@@ -75,23 +95,38 @@ std::size_t sample_size(std::size_t n) noexcept {
   return n <= k_exhaustive_limit ? n : ceil_sqrt(n);
 }
 
-// Calls visit(index) for each sampled index in [0, n), as described at the top of the file.
-template <class Visit>
-void for_each_sampled(std::size_t n, std::mt19937_64& rng, Visit&& visit) {
-  if (n <= k_exhaustive_limit) {
-    for (std::size_t i = 0; i < n; ++i) visit(i);
-    return;
+// A sample of [0, n), as described at the top of the file, described by the view: indices in
+// increasing order, infos[k] the candidate at indices[k]. The vectors keep their capacity from one
+// decision to the next.
+struct sample {
+  std::vector<std::size_t> indices;
+  std::vector<candidate_info> infos;
+
+  sample() {
+    indices.reserve(256);  // samples of up to 256: n <= 65,536 candidates
+    infos.reserve(256);
   }
-  const std::size_t k = sample_size(n);
-  const std::size_t base = n / k;   // the first n % k strata are one longer
-  const std::size_t longer = n % k;
-  std::size_t lo = 0;
-  for (std::size_t j = 0; j < k; ++j) {
-    const std::size_t length = base + (j < longer ? 1 : 0);
-    visit(lo + draw_below(rng, length));
-    lo += length;
+
+  void draw(const candidate_view& view, splitmix64& rng) {
+    const std::size_t n = view.count();
+    const std::size_t k = sample_size(n);
+    indices.resize(k);
+    infos.resize(k);
+    if (n <= k_exhaustive_limit) {
+      for (std::size_t i = 0; i < n; ++i) indices[i] = i;
+    } else {
+      const std::size_t base = n / k;  // the first n % k strata are one longer
+      const std::size_t longer = n % k;
+      std::size_t lo = 0;
+      for (std::size_t j = 0; j < k; ++j) {
+        const std::size_t length = base + (j < longer ? 1 : 0);
+        indices[j] = lo + draw_below(rng, length);
+        lo += length;
+      }
+    }
+    view.describe(indices, infos);
   }
-}
+};
 
 // The minimum-h candidate of a sample.
 struct best_by_h {
@@ -113,16 +148,15 @@ class dtr_policy final : public eviction_policy {
 
   std::optional<buffer_id> choose(const candidate_view& candidates,
                                   const eviction_request&) override {
+    sample_.draw(candidates, rng_);
     best_by_h best;
-    for_each_sampled(candidates.count(), rng_, [&](std::size_t i) {
-      const candidate_info c = candidates.at(i);
-      best.offer(c, dtr_score(c));
-    });
+    for (const candidate_info& c : sample_.infos) best.offer(c, dtr_score(c));
     return best.id;
   }
 
  private:
-  std::mt19937_64 rng_;
+  splitmix64 rng_;
+  sample sample_;
 };
 
 class dtr_frag_policy final : public eviction_policy {
@@ -133,10 +167,10 @@ class dtr_frag_policy final : public eviction_policy {
   std::optional<buffer_id> choose(const candidate_view& candidates,
                                   const eviction_request& request) override {
     const std::size_t bytes = request.bytes;
-    const std::size_t n = candidates.count();
+    sample_.draw(candidates, rng_);
     // Within the capacity reserved up front (samples of up to 256: n <= 65,536) this allocates
     // nothing; a larger sample grows it once.
-    if (scratch_.size() < sample_size(n)) scratch_.resize(sample_size(n));
+    if (scratch_.size() < sample_.infos.size()) scratch_.resize(sample_.infos.size());
     // Pass 1, no lookups: DTR over the whole sample (tier 3), the best candidate that fits by its
     // own size (tier 1), and the other candidates in the request's stream and pool, kept in
     // scratch_[0, kept). Branch-free after any.offer: which candidates match is random, and the
@@ -145,8 +179,7 @@ class dtr_frag_policy final : public eviction_policy {
     best_by_h fit;
     bool matched = false;
     std::size_t kept = 0;
-    for_each_sampled(n, rng_, [&](std::size_t i) {
-      const candidate_info c = candidates.at(i);
+    for (const candidate_info& c : sample_.infos) {
       const double h = dtr_score(c);
       any.offer(c, h);
       const bool in_place = (bytes != 0) & (c.stream == request.stream) & (c.small_pool == request.small_pool);
@@ -157,7 +190,7 @@ class dtr_frag_policy final : public eviction_policy {
       scratch_[kept] = entry{h, c.id};
       kept += static_cast<std::size_t>(in_place & !by_size);
       matched |= in_place;
-    });
+    }
     if (!matched) return any.id;
 
     // Pass 2: ranges, for the (at most k_max_lookups) lowest-h candidates that could beat `fit`,
@@ -211,7 +244,8 @@ class dtr_frag_policy final : public eviction_policy {
     buffer_id id;
   };
 
-  std::mt19937_64 rng_;
+  splitmix64 rng_;
+  sample sample_;
   std::vector<entry> scratch_;  // pass 1's survivors; as large as the largest sample so far
 };
 

@@ -1,4 +1,5 @@
-// policy_factory.cpp: make_policy by name, the list of names, and DTR's score.
+// policy_factory.cpp: make_policy by name, the list of names, DTR's score, and candidate_view's
+// default describe().
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -36,6 +37,12 @@ double dtr_score(const candidate_info& c) noexcept {
   const double staleness = std::max(1.0, c.staleness_ns);
   const double h = std::max(0.0, cost) / (size * staleness);
   return std::isnan(h) ? worst : h;  // inf / inf
+}
+
+void candidate_view::describe(std::span<const std::size_t> indices,
+                              std::span<candidate_info> out) const {
+  const std::size_t n = std::min(indices.size(), out.size());
+  for (std::size_t k = 0; k < n; ++k) out[k] = at(indices[k]);
 }
 
 std::unique_ptr<eviction_policy> make_policy(std::string_view name, std::uint64_t seed) {

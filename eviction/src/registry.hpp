@@ -1,13 +1,17 @@
-// registry.hpp (internal): the records of evictable buffers and lineage nodes, and the candidate
-// set the policies choose from.
+// registry.hpp (internal): the records of evictable buffers and lineage nodes, DTR's classes of
+// dropped buffers, and the candidate set the policies choose from.
 //
 // - Records live in slot arenas; an id is (slot index + 1) | generation << 32, so an id used after
 //   forget() is recognised as stale. Making and recycling records never touches the heap once the
-//   arena has grown to the working set (DTR's class records, made at a buffer's first drop, are
-//   the exception).
-// - candidate_set holds the eviction candidates (resident, unpinned, evictable) three ways, all
-//   intrusive: a vector for O(1) random access (sampling), an LRU list, and a size-ordered tree.
-//   See Note [Eviction state machine] in docs/eviction.md.
+//   arena has grown to the working set.
+// - dtr_class: a connected set of dropped buffers in the lineage graph (DTR's evicted
+//   neighbourhood), with the buffers next to it. Kept exact as buffers are dropped, brought back,
+//   registered and forgotten (engine_neighbourhood.cpp), so that every buffer that is not dropped
+//   knows its neighbourhood cost without walking the graph.
+// - candidate_set holds the eviction candidates (resident, unpinned, evictable) three ways: a
+//   vector of candidate_record by value for O(1) random access (sampling reads one cache line per
+//   candidate), and, intrusive on the buffer records, an LRU list and a size-ordered tree.
+//   See Note [Eviction state machine] and Note [Eviction policies] in docs/eviction.md.
 #pragma once
 
 #include <boost/intrusive/list.hpp>
@@ -25,13 +29,19 @@ namespace spillway::eviction::detail {
 namespace bi = boost::intrusive;
 
 struct node_entry;
+struct buffer_entry;
 
-// One node of DTR's union-find of dropped buffers (Note [Eviction policies]). Shared between the
-// members that point at it, so a member that is forgotten and recycled leaves its class, and the
-// other members' paths to the root, intact.
+// A connected component of dropped buffers in the lineage graph (buffers are adjacent when one is
+// an input of the other's producer): DTR's evicted neighbourhood, exact (Note [Eviction policies]).
 struct dtr_class {
-  std::shared_ptr<dtr_class> parent;  // nullptr at the root
-  double cost_ns = 0;                 // at the root: the summed recompute cost of the class
+  struct neighbour {
+    buffer_entry* buffer;  // not dropped, in the graph
+    std::uint32_t edges;   // lineage edges between it and members (an input read twice counts twice)
+  };
+  double cost_ns = 0;                   // the members' recompute costs, summed
+  std::vector<buffer_entry*> members;   // dropped buffers; buffer_entry::member_index is the index
+  std::vector<neighbour> boundary;      // each buffer next to a member, once
+  std::uint64_t mark = 0;               // scratch for one upkeep step
 };
 
 struct buffer_entry {
@@ -60,9 +70,32 @@ struct buffer_entry {
   event_ref spill_done;             // spilling: the device-to-host copy
   event_ref ready;                  // restoring: the host-to-device copy
 
-  // DTR's equivalence classes of evicted (dropped) buffers: union-find, never split. nullptr
-  // until the first drop.
-  std::shared_ptr<dtr_class> dtr;
+  // DTR's evicted neighbourhood (engine_neighbourhood.cpp). A registered buffer is in the lineage
+  // graph; dropped, it is a member of a class, otherwise it knows the cost of the classes next to it.
+  bool in_graph = false;
+  dtr_class* cls = nullptr;            // dropped and in the graph: its class
+  std::uint32_t member_index = 0;      // in cls->members
+  double member_cost_ns = 0;           // what it added to its class (its producer's cost then)
+  double neighbourhood_ns = 0;         // not dropped: the summed cost of the classes next to it
+  std::uint64_t mark = 0;              // scratch for one upkeep step
+  std::uint32_t scratch_index = 0;
+  double scratch_cost = 0;
+};
+
+// A candidate as the policies see it, by value in the candidate vector: a sample reads only these
+// (one cache line each), never the buffer, node and class records behind them.
+struct alignas(64) candidate_record {
+  buffer_entry* entry = nullptr;
+  buffer_id id;
+  std::size_t size = 0;
+  std::uint64_t last_access_ns = 0;
+  double recompute_ns = 0;       // its producer's cost (0 without lineage)
+  double neighbourhood_ns = 0;   // kept equal to entry->neighbourhood_ns
+  stream_ref stream;
+  eviction_mode mode = eviction_mode::automatic;
+  bool small_pool = false;
+  bool can_drop = false;         // lineage exists, drops are allowed, its mode allows it
+  bool can_spill = false;        // spills are allowed and its mode allows it
 };
 
 struct node_entry {
@@ -153,17 +186,16 @@ class candidate_set {
 
   bool contains(const buffer_entry& e) const noexcept { return e.candidate_index != buffer_entry::no_index; }
 
-  // Adds as the most recently used.
-  void insert(buffer_entry& e) {
-    all_.push_back(&e);  // the only step that may allocate: done first
+  // Adds as the most recently used; r.entry == &e.
+  void insert(buffer_entry& e, const candidate_record& r) {
+    all_.push_back(r);  // the only step that may allocate: done first
     e.candidate_index = all_.size() - 1;
     lru_.push_back(e);
     sizes_.insert(e);
   }
   void erase(buffer_entry& e) noexcept {
-    buffer_entry* last = all_.back();
-    all_[e.candidate_index] = last;
-    last->candidate_index = e.candidate_index;
+    all_[e.candidate_index] = all_.back();
+    all_[e.candidate_index].entry->candidate_index = e.candidate_index;
     all_.pop_back();
     e.candidate_index = buffer_entry::no_index;
     lru_.erase(lru_.iterator_to(e));
@@ -171,12 +203,14 @@ class candidate_set {
   }
 
   std::size_t size() const noexcept { return all_.size(); }
-  buffer_entry* at(std::size_t i) const noexcept { return all_[i]; }
+  const candidate_record& at(std::size_t i) const noexcept { return all_[i]; }
+  candidate_record& record(const buffer_entry& e) noexcept { return all_[e.candidate_index]; }
+  const candidate_record& record(const buffer_entry& e) const noexcept { return all_[e.candidate_index]; }
   buffer_entry* oldest() const noexcept { return lru_.empty() ? nullptr : const_cast<buffer_entry*>(&lru_.front()); }
   buffer_entry* largest() const noexcept { return sizes_.empty() ? nullptr : const_cast<buffer_entry*>(&*sizes_.rbegin()); }
 
  private:
-  std::vector<buffer_entry*> all_;
+  std::vector<candidate_record> all_;
   lru_list lru_;
   size_tree sizes_;
 };

@@ -73,7 +73,11 @@ struct engine_stats {
   std::uint64_t host_allocation_failures = 0;
   std::uint64_t pressure_calls = 0;
   std::uint64_t decisions = 0;         // policy choose() calls
-  double decision_time_ns = 0;         // total wall time spent in choose()
+  double decision_time_ns = 0;         // total wall time spent in choose(), the view's work included
+  // Keeping the candidates' cached neighbourhood costs current (Note [Eviction policies]): the
+  // steps taken at drops, recomputes and when a dropped buffer is forgotten, and their wall time.
+  std::uint64_t upkeep_steps = 0;
+  double upkeep_time_ns = 0;
 };
 
 class eviction_engine;
@@ -140,6 +144,9 @@ class eviction_engine {
 
   buffer_state state(buffer_id id) const;
   std::size_t size(buffer_id id) const;
+  // What a policy would be told about the buffer now (cost, neighbourhood cost, staleness), or
+  // nullopt when it is not a candidate (pinned, not resident, not evictable). For tools and tests.
+  std::optional<candidate_info> describe_candidate(buffer_id id) const;
   engine_stats stats() const;
   const cost_model& costs() const noexcept;
   device_allocator& allocator() const noexcept;

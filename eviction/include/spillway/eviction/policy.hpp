@@ -6,9 +6,10 @@
 //
 // Policies provided (make_policy(name)):
 //   "dtr"            DTR's h = cost / (size x staleness), with cost the buffer's own plus that of
-//                    the evicted equivalence classes next to it in the lineage graph (DTR's e*
-//                    approximation); evaluated on a random sample of ceil(sqrt(n)) candidates
-//                    (all of them when n <= 64), so a decision is O(sqrt n)
+//                    the classes of dropped buffers next to it in the lineage graph (DTR's evicted
+//                    neighbourhood); evaluated on a random sample of ceil(sqrt(n)) candidates
+//                    (all of them when n <= 64), described in one describe() call, so a
+//                    decision is O(sqrt n)
 //   "lru"            the least recently used candidate, O(1)
 //   "largest"        the largest candidate, O(log n)
 //   "dtr-frag"       fragmentation-aware DTR: among sampled candidates, those whose release frees
@@ -27,6 +28,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,7 +46,7 @@ struct candidate_info {
   bool small_pool = false;
   double staleness_ns = 0;         // time since its last pin or registration (>= 1)
   double cost_ns = 0;              // the cheaper of recomputing (own node) and spilling it back
-  double neighbourhood_cost_ns = 0;  // evicted equivalence classes adjacent in the lineage graph
+  double neighbourhood_cost_ns = 0;  // the classes of dropped buffers next to it in the lineage graph
 };
 
 // The pending request: the contiguous size the allocator needs, on which stream and pool.
@@ -60,6 +62,9 @@ class candidate_view {
   virtual ~candidate_view() = default;
   virtual std::size_t count() const = 0;
   virtual candidate_info at(std::size_t index) const = 0;   // any order; O(1)
+  // out[k] = at(indices[k]) for k < min(sizes): a whole sample in one call. The engine's view
+  // overrides it; this default calls at().
+  virtual void describe(std::span<const std::size_t> indices, std::span<candidate_info> out) const;
   virtual std::optional<candidate_info> least_recently_used() const = 0;
   virtual std::optional<candidate_info> largest() const = 0;
   // The contiguous free range that evicting `id` would leave, counting free and pending-free

@@ -1,0 +1,261 @@
+// test_engine_neighbourhood: the neighbourhood cost a policy is told (DTR's evicted neighbourhood),
+// cached on each buffer by the engine and kept up to date as buffers are dropped, brought back,
+// registered, forgotten and given new lineage.
+//
+// It proves, through eviction_engine::describe_candidate: a buffer's neighbourhood cost is the
+// summed recompute cost of the connected sets of dropped buffers next to it, each counted once;
+// it rises when a neighbour is dropped and when two sets next to it merge; it falls when a
+// neighbour is brought back; a set cut in two by bringing back the buffer between them charges
+// each side only for its own part, while two dropped neighbours still joined another way stay
+// one set; forgetting a dropped buffer that joined two sets cuts them apart; set_lineage moves a
+// buffer's neighbourhood with its producer. And, on random graphs with random drops, restores
+// and new nodes, every candidate's cost equals one computed from scratch by the test.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "engine_fixture.hpp"
+
+using namespace spillway;
+using namespace spillway::test;
+
+namespace {
+
+// Drops only, so that every candidate with lineage is described with its neighbourhood cost.
+engine_options drop_only() {
+  engine_options o;
+  o.engine.allow_spill = false;
+  return o;
+}
+
+double neighbourhood(const engine_env& env, buffer_id id) {
+  const std::optional<eviction::candidate_info> c = env.eng().describe_candidate(id);
+  REQUIRE_MESSAGE(c.has_value(), "buffer " << id.value << " is not a candidate");
+  return c->neighbourhood_cost_ns;
+}
+
+void drop(const engine_env& env, buffer_id id) {
+  REQUIRE(env.eng().evict(id, eviction_mode::drop));
+  REQUIRE(env.eng().state(id) == buffer_state::dropped);
+}
+
+constexpr std::size_t k_bytes = 4 * KiB;
+
+}  // namespace
+
+TEST_CASE("a chain: dropping a neighbour charges it, merging sets charges their sum, restoring takes it off") {
+  engine_env env(drop_only());
+  lineage_graph g(env);
+  const buffer_id s = g.source(k_bytes);
+  const buffer_id a = g.node({s}, {k_bytes}, {}, 1000)[0];
+  const buffer_id b = g.node({a}, {k_bytes}, {}, 2000)[0];
+  const buffer_id c = g.node({b}, {k_bytes}, {}, 4000)[0];
+  const buffer_id d = g.node({c}, {k_bytes}, {}, 8000)[0];
+  const buffer_id e = g.node({d}, {k_bytes}, {}, 16000)[0];
+  env.sim->run_until_idle();
+  for (buffer_id id : {a, b, c, d, e}) CHECK(neighbourhood(env, id) == 0);
+
+  drop(env, c);
+  CHECK(neighbourhood(env, b) == 4000);
+  CHECK(neighbourhood(env, d) == 4000);
+  CHECK(neighbourhood(env, a) == 0);
+  drop(env, d);  // {c, d}: one set
+  CHECK(neighbourhood(env, b) == 12000);
+  CHECK(neighbourhood(env, e) == 12000);
+  drop(env, a);  // a set of its own, next to b as well: b pays both
+  CHECK(neighbourhood(env, b) == 13000);
+  drop(env, b);  // joins {a} and {c, d}
+  CHECK(neighbourhood(env, e) == 15000);
+
+  g.expect(b);  // recomputes a, then b: {c, d} is left
+  env.sim->run_until_idle();
+  CHECK(neighbourhood(env, a) == 0);
+  CHECK(neighbourhood(env, b) == 12000);
+  CHECK(neighbourhood(env, e) == 12000);
+  g.expect(c);
+  env.sim->run_until_idle();
+  CHECK(neighbourhood(env, b) == 0);
+  CHECK(neighbourhood(env, c) == 8000);
+  CHECK(neighbourhood(env, e) == 8000);
+  g.expect(e);
+  g.expect(d);
+  env.sim->run_until_idle();
+  for (buffer_id id : {a, b, c, d, e}) CHECK(neighbourhood(env, id) == 0);
+  env.check_clean();
+}
+
+TEST_CASE("bringing back the buffer between two dropped sets cuts them apart; another path keeps them one") {
+  // m has two consumers, a and b; r reads a, q reads b. With m, a and b dropped they are one set.
+  engine_env env(drop_only());
+  lineage_graph g(env);
+  const buffer_id s = g.source(k_bytes);
+  const buffer_id m = g.node({s}, {k_bytes}, {}, 100)[0];
+  const buffer_id a = g.node({m}, {k_bytes}, {}, 10)[0];
+  const buffer_id b = g.node({m}, {k_bytes}, {}, 1000)[0];
+  const buffer_id r = g.node({a}, {k_bytes}, {}, 1)[0];
+  const buffer_id q = g.node({b}, {k_bytes}, {}, 1)[0];
+
+  SUBCASE("cut apart") {
+    env.sim->run_until_idle();
+    for (buffer_id id : {a, b, m}) drop(env, id);
+    CHECK(neighbourhood(env, r) == 1110);
+    CHECK(neighbourhood(env, q) == 1110);
+    g.expect(m);  // m comes back; a and b are not connected any more
+    env.sim->run_until_idle();
+    CHECK(neighbourhood(env, m) == 1010);
+    CHECK(neighbourhood(env, r) == 10);
+    CHECK(neighbourhood(env, q) == 1000);
+    drop(env, m);  // one set again
+    CHECK(neighbourhood(env, r) == 1110);
+    CHECK(neighbourhood(env, q) == 1110);
+  }
+  SUBCASE("still joined through z = f(a, b)") {
+    const buffer_id z = g.node({a, b}, {k_bytes}, {}, 5)[0];
+    env.sim->run_until_idle();
+    for (buffer_id id : {a, b, m, z}) drop(env, id);
+    CHECK(neighbourhood(env, r) == 1115);
+    g.expect(m);
+    env.sim->run_until_idle();
+    CHECK(neighbourhood(env, m) == 1015);
+    CHECK(neighbourhood(env, r) == 1015);
+    CHECK(neighbourhood(env, q) == 1015);
+  }
+  env.check_clean();
+}
+
+TEST_CASE("forgetting a dropped buffer that joined two sets cuts them apart") {
+  // z = f(a, b) with a, b, z dropped: one set. z is read by nothing, so forgetting it frees it.
+  engine_env env(drop_only());
+  lineage_graph g(env);
+  const buffer_id s1 = g.source(k_bytes);
+  const buffer_id s2 = g.source(k_bytes);
+  const buffer_id a = g.node({s1}, {k_bytes}, {}, 10)[0];
+  const buffer_id b = g.node({s2}, {k_bytes}, {}, 1000)[0];
+  const buffer_id z = g.node({a, b}, {k_bytes}, {}, 5)[0];
+  const buffer_id r = g.node({a}, {k_bytes}, {}, 1)[0];
+  const buffer_id q = g.node({b}, {k_bytes}, {}, 1)[0];
+  env.sim->run_until_idle();
+  for (buffer_id id : {a, b, z}) drop(env, id);
+  CHECK(neighbourhood(env, r) == 1015);
+  CHECK(neighbourhood(env, q) == 1015);
+  env.eng().forget(z);
+  CHECK(neighbourhood(env, r) == 10);
+  CHECK(neighbourhood(env, q) == 1000);
+  env.eng().forget(q);  // b's set loses its last neighbour; r's is untouched
+  CHECK(neighbourhood(env, r) == 10);
+  g.expect(a);
+  env.sim->run_until_idle();
+  CHECK(neighbourhood(env, r) == 0);
+  env.check_clean();
+}
+
+TEST_CASE("set_lineage: the neighbourhood follows the new producer") {
+  engine_env env(drop_only());
+  lineage_graph g(env);
+  const buffer_id s = g.source(k_bytes);
+  const buffer_id a = g.node({s}, {k_bytes}, {}, 10)[0];
+  const buffer_id b = g.node({a}, {k_bytes}, {}, 20)[0];
+  const buffer_id c = g.node({s}, {k_bytes}, {}, 300)[0];
+  const std::vector<buffer_id> two = g.node({c}, {k_bytes, k_bytes}, {}, 40);
+  const node_id n2 = g.nodes().back().id;
+  env.sim->run_until_idle();
+  env.eng().forget(two[1]);  // frees output slot 1 of n2
+  drop(env, a);
+  CHECK(neighbourhood(env, b) == 10);
+  CHECK(env.eng().describe_candidate(b)->cost_ns == 20);
+  env.eng().set_lineage(b, n2, 1);  // b = output 1 of n2(c) now: a is no neighbour of it
+  CHECK(neighbourhood(env, b) == 0);
+  CHECK(env.eng().describe_candidate(b)->cost_ns == 40);
+  drop(env, c);
+  CHECK(neighbourhood(env, b) == 300);
+  CHECK(neighbourhood(env, two[0]) == 300);
+}
+
+TEST_CASE("random graphs: every candidate's neighbourhood cost equals one computed from scratch") {
+  for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+    CAPTURE(seed);
+    engine_env env(drop_only());
+    lineage_graph g(env, 10);
+    std::mt19937_64 rng(seed);
+    std::map<int, double> node_cost;  // lineage_graph node index -> cost
+    std::vector<buffer_id> ids;
+    for (int i = 0; i < 3; ++i) ids.push_back(g.source(k_bytes));
+
+    // From scratch: the dropped buffers' connected sets, and for each other buffer the sum over
+    // the distinct sets next to it.
+    const auto check_all = [&] {
+      const auto& bufs = g.buffers();
+      const std::size_t n = bufs.size();
+      std::vector<bool> dropped(n);
+      for (std::size_t i = 0; i < n; ++i) dropped[i] = env.eng().state(bufs[i].id) == buffer_state::dropped;
+      std::vector<std::vector<std::size_t>> adjacent(n);
+      for (const auto& node : g.nodes()) {
+        for (int in : node.inputs) {
+          for (int out : node.outputs) {
+            adjacent[static_cast<std::size_t>(in)].push_back(static_cast<std::size_t>(out));
+            adjacent[static_cast<std::size_t>(out)].push_back(static_cast<std::size_t>(in));
+          }
+        }
+      }
+      std::vector<std::size_t> set(n, n);  // component id of each dropped buffer
+      std::vector<double> set_cost;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (!dropped[i] || set[i] != n) continue;
+        const std::size_t id = set_cost.size();
+        set_cost.push_back(0);
+        std::vector<std::size_t> stack{i};
+        set[i] = id;
+        while (!stack.empty()) {
+          const std::size_t v = stack.back();
+          stack.pop_back();
+          set_cost[id] += node_cost.at(bufs[v].node);
+          for (std::size_t w : adjacent[v]) {
+            if (dropped[w] && set[w] == n) {
+              set[w] = id;
+              stack.push_back(w);
+            }
+          }
+        }
+      }
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::optional<eviction::candidate_info> c = env.eng().describe_candidate(bufs[i].id);
+        if (!c || bufs[i].node < 0) continue;
+        std::vector<std::size_t> next;
+        for (std::size_t w : adjacent[i]) {
+          if (dropped[w] && std::find(next.begin(), next.end(), set[w]) == next.end()) next.push_back(set[w]);
+        }
+        double expected = 0;
+        for (std::size_t k : next) expected += set_cost[k];
+        CHECK_MESSAGE(c->neighbourhood_cost_ns == doctest::Approx(expected).epsilon(1e-9),
+                      "buffer index " << i);
+      }
+    };
+
+    for (int step = 0; step < 120; ++step) {
+      const int what = static_cast<int>(rng() % 10);
+      if (what < 4 || ids.size() < 6) {  // a node over 1-3 random inputs (one may repeat)
+        std::vector<buffer_id> inputs;
+        const std::size_t k = 1 + rng() % 3;
+        for (std::size_t j = 0; j < k; ++j) inputs.push_back(ids[rng() % ids.size()]);
+        const std::size_t outs = 1 + rng() % 2;
+        const double cost = static_cast<double>(1 + rng() % 1000);
+        const std::vector<buffer_id> out =
+            g.node(inputs, std::vector<std::size_t>(outs, k_bytes), {}, cost);
+        node_cost[static_cast<int>(g.nodes().size()) - 1] = cost;
+        ids.insert(ids.end(), out.begin(), out.end());
+      } else if (what < 8) {  // drop a resident buffer with lineage
+        const buffer_id id = ids[rng() % ids.size()];
+        if (g.at(id).node >= 0 && env.eng().state(id) == buffer_state::resident) drop(env, id);
+      } else {  // bring one back (and what it needs)
+        const buffer_id id = ids[rng() % ids.size()];
+        g.expect(id);
+      }
+      env.sim->run_until_idle();
+      check_all();
+    }
+    env.check_clean();
+  }
+}
