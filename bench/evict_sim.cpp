@@ -58,7 +58,11 @@ void print_usage() {
       "  --no-eager-drop  keep released buffers that lineage still needs resident until evicted\n"
       "  --link-gbps   host<->device copy bandwidth each way (GB/s)\n"
       "  --json        machine-readable results on stdout; --plot: an SVG line plot per trace\n"
-      "  --smoke       tiny synthetic traces with checks (for ctest)\n",
+      "  --smoke       tiny synthetic traces with checks (for ctest)\n"
+      "  Decision time (dec med / dec mean) is host wall time to choose one victim: the policy's\n"
+      "  choose() including the engine's description of every candidate it samples. The upkeep that\n"
+      "  keeps the candidates' cached costs current at drops and recomputes is reported apart\n"
+      "  (--json: upkeep_steps, upkeep_mean_ns).\n",
       stdout);
 }
 

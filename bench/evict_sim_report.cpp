@@ -149,8 +149,10 @@ void print_table(std::ostream& out, const std::vector<trace_report>& reports, co
     }
   }
   out << "overhd = time / baseline - 1; extra = recompute kernels; stall = time - baseline - extra (copies);\n"
-         "evict/drops exclude drops at release (DTR's eager eviction); dec med/mean = us of wall time per\n"
-         "policy decision (median of per-op means / mean); cand = most evictable resident buffers sampled\n";
+         "evict/drops exclude drops at release (DTR's eager eviction); dec med/mean = us of host wall time to\n"
+         "choose one victim: the policy's choose() with the engine describing the candidates it samples\n"
+         "(median of per-op means / mean; the upkeep of their cached costs at drops and recomputes is in\n"
+         "the JSON, upkeep_mean_ns); cand = most evictable resident buffers sampled\n";
 }
 
 // --- JSON --------------------------------------------------------------------------------------
@@ -205,6 +207,8 @@ void write_json(bench::json_writer& j, const std::vector<trace_report>& reports)
         j.field("eager_drops", x.eager_drops).field("recomputes", x.engine.recomputes).field("restores", x.engine.restores);
         j.field("decisions", x.engine.decisions);
         j.field("decision_median_ns", x.decision_median_ns()).field("decision_mean_ns", x.decision_mean_ns());
+        j.field("upkeep_steps", x.engine.upkeep_steps);
+        j.field("upkeep_mean_ns", x.engine.upkeep_steps ? x.engine.upkeep_time_ns / static_cast<double>(x.engine.upkeep_steps) : 0.0);
         j.field("max_candidates", static_cast<std::uint64_t>(x.max_candidates));
         j.field("verify_checks", x.verify_checks).field("verify_mismatches", x.verify_mismatches);
         j.field("wall_seconds", x.wall_seconds);
