@@ -213,8 +213,10 @@ void activation_manager::note_saved(entry* e) {
 
 std::shared_ptr<activation_manager::saved> activation_manager::pack(const at::Tensor& tensor) {
   std::lock_guard lock(mutex_);
+  // Parameters (leaves that require grad) are the program's, not activations.
   const bool supported = tensor.defined() && tensor.has_storage() &&
-                         (tensor.device().is_cpu() || tensor.device().is_cuda());
+                         (tensor.device().is_cpu() || tensor.device().is_cuda()) &&
+                         !(tensor.is_leaf() && tensor.requires_grad());
   if (!supported || tensor.storage().nbytes() < options_.min_bytes) {
     note_saved(nullptr);
     return nullptr;  // kept as it is
@@ -259,9 +261,15 @@ at::Tensor activation_manager::unpack(const saved& handle) {
 
 void activation_manager::enforce_max_resident() {
   std::lock_guard lock(mutex_);
-  if (options_.max_resident && resident_bytes_ > *options_.max_resident) {
-    evict(resident_bytes_ - *options_.max_resident);
+  if (!options_.max_resident || resident_bytes_ <= *options_.max_resident) return;
+  // The cap is on what could be evicted: storages the program still holds do not count, or a
+  // cap below them would evict everything else at every pack and unpack.
+  std::size_t held = 0;
+  for (const auto& [key, e] : entries_) {
+    if (e->state == entry_state::resident && !evictable(*e)) held += e->nbytes;
   }
+  const std::size_t evictable_bytes = resident_bytes_ - held;
+  if (evictable_bytes > *options_.max_resident) evict(evictable_bytes - *options_.max_resident);
 }
 
 // --- eviction --------------------------------------------------------------------------------------
@@ -424,6 +432,7 @@ void activation_manager::copy_in(entry& e) {
   }
   e.host.reset();
   e.state = entry_state::resident;
+  e.last_use = now_seconds();  // a restore is a use: a prefetched entry is not the next victim
   spilled_.erase(e.seq);
   resident_bytes_ += e.nbytes;
   ++counters_.restores;

@@ -5,7 +5,8 @@
 // Contract
 // - pack(tensor) registers a tensor autograd saves, by *storage*: views and aliases of one storage
 //   share one entry. It returns the handle autograd keeps instead of the tensor, or nullptr for a
-//   tensor to keep as it is (smaller than min_bytes, or not on a CPU or CUDA device).
+//   tensor to keep as it is (smaller than min_bytes, a parameter: a leaf that requires grad, or
+//   not on a CPU or CUDA device).
 // - A storage is evictable only when nothing but the handles' aliases holds it (the storage's use
 //   count equals the aliases plus the entry's own reference): a tensor the program still uses, a
 //   weight, or a tensor a running backward node just unpacked is never touched.
@@ -24,8 +25,8 @@
 //   std::runtime_error ("not deterministic"), changing nothing.
 // - After each unpack the next `prefetch` spilled storages in backward order (reverse pack order)
 //   start copying back, so that copies overlap compute.
-// - Pressure: whenever the resident bytes of saved storages exceed max_resident (at every pack and
-//   unpack, and at end_scope), and, when constructed with a plugin_allocator, whenever one of its
+// - Pressure: whenever the resident bytes of evictable saved storages (those only the manager
+//   holds) exceed max_resident (at every pack and unpack, and when a scope ends), and, when constructed with a plugin_allocator, whenever one of its
 //   allocations does not fit the budget (a pressure handler; a manager busy on another thread
 //   answers "nothing" instead of waiting, which could deadlock).
 // - Victims: dtr (smallest restore cost / (bytes x staleness)), lru, or largest.
@@ -62,7 +63,7 @@ activation_mode parse_activation_mode(std::string_view name);      // "hybrid" |
 activation_policy parse_activation_policy(std::string_view name);  // "dtr" | "lru" | "largest"
 
 struct activation_options {
-  std::optional<std::size_t> max_resident;  // bytes of saved storages kept resident; none: no cap
+  std::optional<std::size_t> max_resident;  // evictable saved bytes kept resident; none: no cap
   activation_mode mode = activation_mode::hybrid;
   activation_policy policy = activation_policy::dtr;
   std::size_t prefetch = 2;

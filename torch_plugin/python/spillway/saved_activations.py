@@ -27,11 +27,12 @@ Contract
   segment saved them. Bytes are identical to the original when the segment is deterministic.
 - After each unpack, the next `prefetch` spilled storages in backward order (reverse pack order)
   start copying back, so that copies overlap compute.
-- When eviction happens: (a) whenever the resident bytes of saved activations exceed
-  `max_resident` (checked at every pack and unpack and when the block exits; works with any
-  allocator and on CPU); (b) when spillway is
-  installed, whenever an allocation does not fit the budget: the allocator calls the manager, which
-  evicts until the request fits or nothing evictable is left.
+- Parameters (leaves that require grad) are saved as they are: they are not activations.
+- When eviction happens: (a) whenever the resident bytes of evictable saved activations (those
+  only autograd holds) exceed `max_resident` (checked at every pack and unpack and when the block
+  exits; works with any allocator and on CPU); (b) when spillway is installed, whenever an
+  allocation does not fit the budget: the allocator calls the manager, which evicts until the
+  request fits or nothing evictable is left.
 - Victims: policy "dtr" (smallest restore cost / (bytes x staleness)), "lru", or "largest".
 - Thread-safe (autograd runs backward on its own threads): the manager's lock is taken with the
   GIL released.
@@ -177,7 +178,7 @@ def activations(max_resident=None, mode="hybrid", policy=None, prefetch=2, min_b
                 link_bandwidth=25e9):
     """A context manager: activations saved for backward inside it are evictable (module docstring).
 
-    max_resident: bytes (or "512MiB") of saved activations kept resident; None: evict only under
+    max_resident: bytes (or "512MiB") of evictable saved activations kept resident; None: evict only under
     the installed allocator's budget. mode: "hybrid", "spill" or "drop". policy: "dtr", "lru",
     "largest" (default: spillway.install's). prefetch: spilled activations copied back ahead of use.
     min_bytes: smaller tensors are saved as they are. link_bandwidth: host link bytes per second for
