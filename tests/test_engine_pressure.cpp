@@ -7,7 +7,9 @@
 // budget asks the engine to evict; through all of it the allocator's snapshot tiles its segments
 // and matches its statistics, and forgetting everything brings the allocator back to zero.
 // And that dtr-frag serves a large request by evicting adjacent buffers (the least bytes), where
-// lru, largest and dtr evict scattered ones first.
+// lru, largest and dtr evict scattered ones first; and that a small request needing a new segment
+// under a full budget is served by one eviction of a block that is its whole segment, where
+// scattered evictions from a shared segment ran out of rounds (out of memory) before.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -256,4 +258,55 @@ TEST_CASE("dtr-frag serves a large request from adjacent victims; the others sca
     const layout_result other = evict_for_five_mib(policy);
     CHECK(other.evicted_bytes > frag.evicted_bytes);
   }
+}
+
+namespace {
+
+// A small-pool request that needs a new 2 MiB segment, under a budget equal to what is reserved:
+// a 20 MiB segment full of ten stale 2 MiB buffers, a 12 MiB buffer that is its whole segment,
+// and a small segment whose buffers are pinned. Returns the evictions the request took, or throws.
+struct segment_trap {
+  engine_env env;
+  lineage_graph g{env};
+  std::vector<buffer_id> medium;
+  buffer_id big;
+  std::vector<pinned_buffer> holds;
+
+  explicit segment_trap(const std::string& policy) : env(options(policy)) {
+    std::vector<buffer_id> sources;
+    for (int i = 0; i < 4; ++i) sources.push_back(g.source(512 * KiB));  // the small segment
+    for (int i = 0; i < 10; ++i) medium.push_back(g.node({sources[0]}, {2 * MiB})[0]);
+    env.sim->run_until_idle();
+    env.sim->advance(1'000'000);  // the medium buffers are stale: DTR's favourite victims
+    big = g.node({sources[1]}, {12 * MiB})[0];
+    env.sim->run_until_idle();
+    for (buffer_id s : sources) holds.push_back(env.eng().pin(s));
+    env.alloc->set_budget(static_cast<std::size_t>(env.alloc->stats().reserved_bytes[0].current));
+  }
+  static engine_options options(const std::string& policy) {
+    engine_options o;
+    o.engine.policy = policy;
+    o.engine.allow_spill = false;
+    return o;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("dtr-frag: a request that needs a new segment evicts a whole segment, not scattered blocks") {
+  segment_trap t("dtr-frag");
+  REQUIRE(t.env.alloc->stats().reserved_bytes[0].current == static_cast<std::int64_t>(34 * MiB));
+  const auto before = t.env.eng().stats().evictions;
+  void* p = t.env.alloc->allocate(512 * KiB);  // a new small segment: 2 MiB over the budget
+  CHECK(t.env.eng().stats().evictions == before + 1);
+  CHECK(t.env.eng().state(t.big) == buffer_state::dropped);
+  for (buffer_id id : t.medium) CHECK(t.env.eng().state(id) == buffer_state::resident);
+  CHECK(t.env.alloc->stats().reserved_bytes[0].current <= static_cast<std::int64_t>(34 * MiB));
+  t.env.alloc->deallocate(p);
+  t.holds.clear();
+  t.env.alloc->set_budget(unlimited_budget);
+  for (buffer_id id : t.medium) t.g.expect(id);
+  t.g.expect(t.big);
+  t.env.sim->run_until_idle();
+  t.env.check_clean();
 }

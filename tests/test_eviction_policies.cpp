@@ -8,9 +8,11 @@
 // dtr-frag prefers a candidate whose eviction fits the request over a lower-h one that does not,
 // only counts candidates on the request's stream and pool, otherwise grows the largest range
 // (DTR's h breaking ties within 1/16 of the request), and is plain DTR for bytes == 0 or when
-// nothing on the request's stream and pool was sampled; it asks for at most 24 ranges per
-// decision, those of the cheapest candidates that could beat a fit by size; make_policy rejects unknown names with a
-// message naming them and the choices; dtr_score falls with size and staleness and rises with cost.
+// nothing on the request's stream and pool was sampled, except that a request that needs a new
+// segment takes a whole segment covering the shortfall (or, failing that, the cheapest whole
+// segment); it asks for at most 24 ranges per decision, those of the cheapest candidates that
+// could beat a fit by size; make_policy rejects unknown names with a message naming them and the
+// choices; dtr_score falls with size and staleness and rises with cost.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -247,12 +249,50 @@ TEST_CASE("dtr-frag: a candidate whose eviction fits the request beats a lower-h
   auto frag = make_policy("dtr-frag");
   CHECK(frag->name() == "dtr-frag");
   CHECK(frag->choose(view, bytes_request(8 * k_mib, s))->value == 2);
-  // With bytes == 0 (just free the shortfall) it is plain DTR, and asks for no ranges.
+  // With bytes == 0 (just free the shortfall) and no whole segment it is plain DTR, and asks for
+  // no ranges.
   view.lookups = 0;
   CHECK(frag->choose(view, bytes_request(0, s))->value == 1);
   CHECK(view.lookups == 0);
   // Plain dtr ignores the ranges.
   CHECK(make_policy("dtr")->choose(view, bytes_request(8 * k_mib, s))->value == 1);
+}
+
+TEST_CASE("dtr-frag: a request that needs a new segment takes a whole segment covering the shortfall") {
+  const stream_ref s{1};
+  fake_view view;
+  // 1: the best DTR victim, in the large pool, sharing its segment: evicting it frees no segment.
+  view.items.push_back(make_candidate(1, 2 * k_mib, 10, 1e9, s));
+  view.items[0].segment_size = 20 * k_mib;
+  // 2: a worse DTR victim that is a whole 12 MiB segment.
+  view.items.push_back(make_candidate(2, 12 * k_mib, 1e6, 1e3, s));
+  view.items[1].segment_size = 12 * k_mib;
+  view.items[1].whole_segment = true;
+  // 3: a whole segment too, but worse still: the lower h among those that serve wins.
+  view.items.push_back(make_candidate(3, 14 * k_mib, 1e7, 1e3, s));
+  view.items[2].segment_size = 14 * k_mib;
+  view.items[2].whole_segment = true;
+  REQUIRE(dtr_score(view.items[0]) < dtr_score(view.items[1]));
+  REQUIRE(dtr_score(view.items[1]) < dtr_score(view.items[2]));
+  auto frag = make_policy("dtr-frag");
+  // A small-pool request (nothing sampled in its pool) that is 2 MiB over the budget.
+  eviction_request r = bytes_request(512 * 1024, s, true);
+  r.shortfall = 2 * k_mib;
+  CHECK(frag->choose(view, r)->value == 2);
+  // 13 MiB over: only candidate 3's segment covers it in one eviction.
+  r.shortfall = 13 * k_mib;
+  CHECK(frag->choose(view, r)->value == 3);
+  // 40 MiB over: no segment covers it alone; the whole segment with the lower h still comes first.
+  r.shortfall = 40 * k_mib;
+  CHECK(frag->choose(view, r)->value == 2);
+  // Within the budget (a new segment fits): plain DTR.
+  r.shortfall = 0;
+  CHECK(frag->choose(view, r)->value == 1);
+  // Trimming a budget (bytes == 0) frees whole segments first too.
+  eviction_request trim;
+  trim.shortfall = 2 * k_mib;
+  CHECK(frag->choose(view, trim)->value == 2);
+  CHECK(view.lookups == 0);
 }
 
 TEST_CASE("dtr-frag: a candidate at least as large as the request fits without a range lookup") {

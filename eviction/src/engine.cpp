@@ -240,6 +240,8 @@ buffer_id eviction_engine::register_buffer(void* ptr, std::size_t size, stream_r
   e->size = size;
   e->stream = stream;
   e->small_pool = info.size <= size_classes::small_size;
+  e->segment_size = info.segment_size;
+  e->whole_segment = info.size == info.segment_size;
   e->evictable = options.evictable;
   e->mode = options.mode;
   e->last_access_ns = m.now();
@@ -392,6 +394,19 @@ void eviction_engine::impl::unpin_locked(buffer_entry& e) noexcept {
   }
 }
 
+// e has a new block (restored or recomputed): which segment holds it, and whether the block is
+// all of it (then evicting e gives the segment back; dtr-frag looks for such victims).
+void eviction_engine::impl::note_block_locked(buffer_entry& e) noexcept {
+  try {
+    const allocation_info info = allocator.describe(e.device_ptr);
+    e.segment_size = info.segment_size;
+    e.whole_segment = info.size == info.segment_size;
+  } catch (...) {  // cannot happen: the block is live
+    e.segment_size = 0;
+    e.whole_segment = false;
+  }
+}
+
 // A candidate is resident, unpinned and evictable (Note [Eviction state machine]).
 void eviction_engine::impl::update_candidacy_locked(buffer_entry& e) {
   const bool should = e.state == buffer_state::resident && e.pins == 0 && e.evictable;
@@ -407,9 +422,11 @@ detail::candidate_record eviction_engine::impl::make_record_locked(buffer_entry&
   r.id = e.id;
   r.size = e.size;
   r.last_access_ns = e.last_access_ns;
-  r.recompute_ns = e.producer != nullptr ? e.producer->desc.cost_ns : 0;
-  r.neighbourhood_ns = e.neighbourhood_ns;
+  r.recompute_ns = static_cast<float>(e.producer != nullptr ? e.producer->desc.cost_ns : 0);
+  r.neighbourhood_ns = static_cast<float>(e.neighbourhood_ns);
   r.stream = e.stream;
+  r.segment_size = e.segment_size;
+  r.whole_segment = e.whole_segment;
   r.mode = e.mode;
   r.small_pool = e.small_pool;
   r.can_drop = can_drop_locked(e);

@@ -64,6 +64,7 @@ struct eviction_engine::impl {
   void pin_together_locked(std::span<detail::buffer_entry* const> entries, std::size_t depth);
   void unpin_locked(detail::buffer_entry& e) noexcept;
   void update_candidacy_locked(detail::buffer_entry& e);
+  void note_block_locked(detail::buffer_entry& e) noexcept;
   void attach_output_locked(detail::buffer_entry& e, detail::node_entry& n, std::uint32_t index);
   void detach_output_locked(detail::buffer_entry& e) noexcept;
   void release_entry_locked(detail::buffer_entry& e) noexcept;

@@ -70,7 +70,7 @@ void erase_neighbour(dtr_class& c, dtr_class::neighbour* n) noexcept {
 
 void eviction_engine::impl::set_neighbourhood_locked(buffer_entry& e, double cost_ns) noexcept {
   e.neighbourhood_ns = cost_ns;
-  if (candidates.contains(e)) candidates.record(e).neighbourhood_ns = cost_ns;
+  if (candidates.contains(e)) candidates.record(e).neighbourhood_ns = static_cast<float>(cost_ns);
 }
 
 dtr_class* eviction_engine::impl::make_class_locked() {

@@ -3,9 +3,10 @@
 //
 // The handler frees a contiguous range that fits the request when it can: each victim on the
 // request's stream and pool is checked with coalesced_size_if_freed before it is evicted, and the
-// round ends as soon as one range fits. Victims elsewhere only help by bytes (their segments may
-// become free and be released by the allocator's next step), so a round also ends once it has
-// freed max(request, shortfall) bytes; the allocator calls again if that was not enough.
+// round ends as soon as one range fits. Victims elsewhere help only through whole segments they
+// empty (the allocator gives those back after the round and reserves a new one), so a round also
+// ends once emptied segments cover the shortfall, or, failing both, once it has freed
+// max(request, shortfall) bytes; the allocator calls again if that was not enough.
 #include <algorithm>
 #include <chrono>
 #include <span>
@@ -79,6 +80,8 @@ candidate_info eviction_engine::impl::describe_candidate_locked(const detail::ca
   c.size = r.size;
   c.stream = r.stream;
   c.small_pool = r.small_pool;
+  c.segment_size = r.segment_size;
+  c.whole_segment = r.whole_segment;
   c.staleness_ns = now > r.last_access_ns ? static_cast<double>(now - r.last_access_ns) : 1.0;
   const double neighbourhood = r.can_drop ? r.neighbourhood_ns : 0;
   // The record's flags already include its mode; only a buffer that may go either way needs the
@@ -124,6 +127,7 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
   pressure_result result;
   std::vector<buffer_entry*> skipped;  // could not be evicted now; candidates again afterwards
   const std::size_t enough = std::max(request.bytes, request.shortfall);
+  std::size_t released = 0;  // whole segments emptied: the allocator gives them back after the round
   const engine_candidate_view view(*this, now());
 
   while (candidates.size() > 0) {
@@ -138,6 +142,9 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
                                 victim->small_pool == request.small_pool;
     const std::size_t contiguous =
         serves_request ? allocator.coalesced_size_if_freed(victim->device_ptr) : 0;
+    const std::size_t segment = victim->segment_size;
+    const bool empties_segment =
+        victim->whole_segment || (segment > 0 && contiguous >= segment);
     if (!evict_locked(*victim, victim->mode)) {
       if (candidates.contains(*victim)) candidates.erase(*victim);
       skipped.push_back(victim);
@@ -145,6 +152,8 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
     }
     result.freed += victim->size;
     if (serves_request && contiguous >= request.bytes) break;
+    if (empties_segment) released += segment;
+    if (request.shortfall > 0 && released >= request.shortfall) break;
     if (result.freed >= enough) break;
   }
   for (buffer_entry* e : skipped) update_candidacy_locked(*e);

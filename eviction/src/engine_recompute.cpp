@@ -270,6 +270,7 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
     if (out == nullptr) continue;
     discard_host_copy_locked(*out);  // a spilled output's host copy is no longer needed
     out->device_ptr = output_ptrs[k];
+    note_block_locked(*out);
     by_pointer.emplace(out->device_ptr, out);
     if (out->stream != n.stream) {  // made on n.stream, used on out->stream from now on
       order_after_locked(out->stream, n.stream);

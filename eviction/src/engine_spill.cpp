@@ -131,6 +131,7 @@ void eviction_engine::impl::restore_locked(buffer_entry& e) {
   }
   e.host_ptr = nullptr;
   e.device_ptr = block;
+  note_block_locked(e);
   e.ready = ready;
   in_flight.push_back(&e);
   ++stats.restores;

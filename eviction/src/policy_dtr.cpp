@@ -14,9 +14,14 @@
 // dtr-frag: why it frees a contiguous range quickly. A request that needs `bytes` contiguous on
 // one stream and pool is not served by freeing `shortfall` bytes anywhere: DTR's best victims are
 // spread over the heap, and evicting them one by one can free far more than the request before
-// any hole is large enough. dtr-frag ranks the sample in three tiers:
-//   1. fits: on the request's stream and pool, and contiguous_if_evicted(id) >= bytes. One
-//      eviction then ends the request; among these, the smallest h (DTR) wins.
+// any hole is large enough, or any segment is empty enough to be given back. There are two ways
+// to serve it: a free range in place (in a segment of its stream and pool), or a new segment,
+// for which the allocator must first give back whole free segments covering the shortfall (the
+// budget caps reserved bytes). dtr-frag ranks the sample in four tiers:
+//   1. serves it in one eviction: on the request's stream and pool with
+//      contiguous_if_evicted(id) >= bytes (in place), or a block that is its whole segment, of at
+//      least the shortfall (any stream or pool: its segment goes back and the new one fits).
+//      Among these, the smallest h (DTR) wins.
 //   2. grows the largest hole: on the request's stream and pool, none fits. The candidate whose
 //      range is the largest fraction of the request wins, in steps of 1/16 of the request, and
 //      DTR's h breaks ties within a step (so a few bytes more never buy a much costlier victim).
@@ -24,17 +29,21 @@
 //      neighbours, so after this eviction the candidates next to the new hole report the hole
 //      plus themselves and win again. Evictions concentrate on one growing hole instead of
 //      scattering, and the request is met in about bytes / (typical range) steps.
-//   3. nothing on the request's stream and pool was sampled: plain DTR over the sample. Freed
-//      bytes elsewhere still lower the shortfall, and the allocator can return a freed cached
-//      segment to the device and reserve one for the request.
-// With request.bytes == 0 (free `shortfall` bytes, no contiguity needed) it is plain DTR.
+//   3. nothing on the request's stream and pool was sampled, and a new segment is needed: the
+//      whole-segment block with the smallest h; each such eviction gives a segment back.
+//      Scattered victims may never empty a segment: a small-pool request that needs a new 2 MiB
+//      segment while large segments hold live blocks ran out of rounds that way (ResNet, 0.6).
+//   4. otherwise plain DTR over the sample: freed bytes elsewhere still lower the shortfall.
+// With request.bytes == 0 (set_budget trimming: free `shortfall` bytes of reserved memory) only
+// tiers 1 (whole segments), 3 and 4 apply.
 //
 // Lookups: contiguous_if_evicted costs a lookup in the engine and the allocator (~50-80 ns, with
 // the allocator's lock), against ~9 ns to sample and score a candidate, so dtr-frag asks it only
 // where it can change the answer, and at most k_max_lookups (24) times per decision:
-//   - never for a candidate whose own size is >= bytes: its block is freed whole, so its range is
-//     at least its size, and it fits;
-//   - only for candidates whose h is below that of the best such size fit;
+//   - never for a candidate that serves the request without one: its own size is >= bytes (its
+//     block is freed whole, so its range is at least its size), or it is a whole segment that
+//     covers the shortfall;
+//   - only for candidates whose h is below that of the best such fit;
 //   - of those, for the 24 with the smallest h. A fit among them is then the best fit of the
 //     sample (every candidate left out has a higher h), and tier 2 compares the ranges of the 24
 //     cheapest victims. What is lost: a fit ranked below 24 cheaper non-fitting candidates.
@@ -171,27 +180,35 @@ class dtr_frag_policy final : public eviction_policy {
     // Within the capacity reserved up front (samples of up to 256: n <= 65,536) this allocates
     // nothing; a larger sample grows it once.
     if (scratch_.size() < sample_.infos.size()) scratch_.resize(sample_.infos.size());
-    // Pass 1, no lookups: DTR over the whole sample (tier 3), the best candidate that fits by its
-    // own size (tier 1), and the other candidates in the request's stream and pool, kept in
-    // scratch_[0, kept). Branch-free after any.offer: which candidates match is random, and the
-    // mispredicted branches cost more than the work (about half of a decision, measured).
+    // Pass 1, no lookups: DTR over the whole sample (tier 4), the best candidate that serves the
+    // request in one eviction without a lookup (tier 1: it fits by its own size, or it is a whole
+    // segment that covers the shortfall), the best whole segment (tier 3), and the other
+    // candidates in the request's stream and pool, kept in scratch_[0, kept). Branch-free after
+    // any.offer: which candidates match is random, and the mispredicted branches cost more than
+    // the work (about half of a decision, measured).
+    const std::size_t shortfall = request.shortfall;
     best_by_h any;
     best_by_h fit;
+    best_by_h whole;
     bool matched = false;
     std::size_t kept = 0;
     for (const candidate_info& c : sample_.infos) {
       const double h = dtr_score(c);
       any.offer(c, h);
       const bool in_place = (bytes != 0) & (c.stream == request.stream) & (c.small_pool == request.small_pool);
-      const bool by_size = in_place & (c.size >= bytes);
-      const bool better = by_size & (!fit.id.has_value() | (h < fit.h));
+      const bool frees_segment = (shortfall != 0) & c.whole_segment;
+      const bool serves = (in_place & (c.size >= bytes)) | (frees_segment & (c.segment_size >= shortfall));
+      const bool better = serves & (!fit.id.has_value() | (h < fit.h));
       fit.h = better ? h : fit.h;
       if (better) fit.id = c.id;
+      const bool better_whole = frees_segment & (!whole.id.has_value() | (h < whole.h));
+      whole.h = better_whole ? h : whole.h;
+      if (better_whole) whole.id = c.id;
       scratch_[kept] = entry{h, c.id};
-      kept += static_cast<std::size_t>(in_place & !by_size);
+      kept += static_cast<std::size_t>(in_place & !serves);
       matched |= in_place;
     }
-    if (!matched) return any.id;
+    if (!matched) return fit.id ? fit.id : whole.id ? whole.id : any.id;
 
     // Pass 2: ranges, for the (at most k_max_lookups) lowest-h candidates that could beat `fit`,
     // moved to the front without branches first.
@@ -235,6 +252,7 @@ class dtr_frag_policy final : public eviction_policy {
     }
     if (fit.id) return fit.id;
     if (grow) return grow;
+    if (whole.id) return whole.id;
     return any.id;  // every matching candidate was left out of pass 2: cannot happen, but safe
   }
 

@@ -59,6 +59,8 @@ struct buffer_entry {
   stream_ref stream;
   std::vector<stream_ref> use_streams;  // other streams that use the current block (pin(id, use))
   bool small_pool = false;
+  std::size_t segment_size = 0;     // resident: the segment that holds its block
+  bool whole_segment = false;       // resident: its block is that whole segment
   std::uint32_t pins = 0;
   std::uint64_t last_access_ns = 0;
   node_entry* producer = nullptr;
@@ -84,19 +86,23 @@ struct buffer_entry {
 
 // A candidate as the policies see it, by value in the candidate vector: a sample reads only these
 // (one cache line each), never the buffer, node and class records behind them.
+// The costs are floats to keep it in 64 bytes: a score needs no more than 7 digits.
 struct alignas(64) candidate_record {
   buffer_entry* entry = nullptr;
   buffer_id id;
   std::size_t size = 0;
   std::uint64_t last_access_ns = 0;
-  double recompute_ns = 0;       // its producer's cost (0 without lineage)
-  double neighbourhood_ns = 0;   // kept equal to entry->neighbourhood_ns
   stream_ref stream;
+  std::size_t segment_size = 0;
+  float recompute_ns = 0;        // its producer's cost (0 without lineage)
+  float neighbourhood_ns = 0;    // kept equal to entry->neighbourhood_ns
   eviction_mode mode = eviction_mode::automatic;
   bool small_pool = false;
   bool can_drop = false;         // lineage exists, drops are allowed, its mode allows it
   bool can_spill = false;        // spills are allowed and its mode allows it
+  bool whole_segment = false;
 };
+static_assert(sizeof(candidate_record) == 64, "one cache line per candidate");
 
 struct node_entry {
   std::uint64_t id = 0;

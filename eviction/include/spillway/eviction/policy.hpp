@@ -12,11 +12,13 @@
 //                    decision is O(sqrt n)
 //   "lru"            the least recently used candidate, O(1)
 //   "largest"        the largest candidate, O(log n)
-//   "dtr-frag"       fragmentation-aware DTR: among sampled candidates, those whose release frees
-//                    a contiguous range that fits the pending request (in its pool and stream) win,
-//                    by DTR's h; if none fits, the one leaving the largest range (in 1/16ths of
-//                    the request, h breaking ties) wins, so evictions grow one hole; with nothing
-//                    sampled in the request's pool and stream, or request.bytes == 0, plain DTR
+//   "dtr-frag"       fragmentation-aware DTR: among sampled candidates, those whose eviction
+//                    serves the pending request win, by DTR's h: a contiguous range that fits it
+//                    in its pool and stream, or a whole segment covering the budget shortfall
+//                    (given back, it makes room for a new segment); if none does, the one leaving
+//                    the largest range (in 1/16ths of the request, h breaking ties) wins, so
+//                    evictions grow one hole; with nothing sampled in the request's pool and
+//                    stream, the whole segment with the smallest h, else plain DTR
 //                    (policy_dtr.cpp explains why)
 // A policy object serves one engine: choose() is not thread-safe (the sampling policies advance
 // their random generator) and is called under the engine's lock.
@@ -47,6 +49,8 @@ struct candidate_info {
   double staleness_ns = 0;         // time since its last pin or registration (>= 1)
   double cost_ns = 0;              // the cheaper of recomputing (own node) and spilling it back
   double neighbourhood_cost_ns = 0;  // the classes of dropped buffers next to it in the lineage graph
+  std::size_t segment_size = 0;      // the allocator segment that holds its block
+  bool whole_segment = false;        // its block is that whole segment: evicting it frees the segment
 };
 
 // The pending request: the contiguous size the allocator needs, on which stream and pool.
@@ -54,7 +58,9 @@ struct eviction_request {
   stream_ref stream;
   std::size_t bytes = 0;       // contiguous bytes wanted (0: just free `shortfall` bytes)
   bool small_pool = false;
-  std::size_t shortfall = 0;   // bytes over the budget
+  // Bytes over the budget that a new segment for the request would need (0: one fits): freeing
+  // whole segments of that many bytes lets the allocator give them back and reserve one.
+  std::size_t shortfall = 0;
 };
 
 class candidate_view {
