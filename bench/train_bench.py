@@ -781,8 +781,9 @@ def analyze_copy_trace(events, min_bytes=1 << 16):
     """From Chrome-trace events of a profiled step (torch.profiler / Kineto): the device<->host copies
     of at least min_bytes, per direction: count, bytes, busy microseconds, bandwidth (bytes / busy
     time), and the fraction of their time overlapped by kernels on any stream."""
+    # Kineto names the categories "kernel" and "gpu_memcpy" (older versions: "Kernel", "Memcpy").
     kernels = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
-                     if e.get("cat") == "kernel" and e.get("ph") == "X")
+                     if str(e.get("cat", "")).lower() == "kernel" and e.get("ph") == "X")
     merged = []
     for a, b in kernels:
         if merged and a <= merged[-1][1]:
@@ -791,7 +792,7 @@ def analyze_copy_trace(events, min_bytes=1 << 16):
             merged.append([a, b])
     out = {}
     for e in events:
-        if e.get("cat") != "gpu_memcpy" or e.get("ph") != "X":
+        if "memcpy" not in str(e.get("cat", "")).lower() or e.get("ph") != "X":
             continue
         name = e.get("name", "")
         direction = "d2h" if "DtoH" in name else "h2d" if "HtoD" in name else None
@@ -1298,7 +1299,7 @@ def check_helpers():
               {"ph": "X", "cat": "kernel", "ts": 150, "dur": 100},
               {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 50, "dur": 200,
                "args": {"bytes": 1 << 20}},
-              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 300, "dur": 10,
+              {"ph": "X", "cat": "Memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 300, "dur": 10,
                "args": {"bytes": 1 << 20}},
               {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 0, "dur": 5,
                "args": {"bytes": 4}}]
