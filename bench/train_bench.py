@@ -930,8 +930,11 @@ def describe(r):
 
 
 def result_key(r):
+    """What identifies a configuration's result, for --resume (a --max-batch probe is also keyed
+    by its memory cap)."""
     return (r.get("model"), r.get("config"), r.get("ratio"), r.get("batch"), r.get("precision"),
-            r.get("accum") or 1, r.get("kind", "train"))
+            r.get("accum") or 1, r.get("kind", "train"), r.get("search"),
+            r.get("budget_bytes") if r.get("search") else None)
 
 
 class Document:
