@@ -701,14 +701,17 @@ def _finish(torch, spec, result):
 def worker_main(spec_text):
     spec = json.loads(spec_text)
     kind = spec.get("kind", "train")
-    if kind == "probe":
-        out = probe_device()
-    elif kind == "copy-limit":
-        out = copy_limit(spec)
-    elif kind == "spill-profile":
-        out = spill_profile(spec)
-    else:
-        out = run_worker(spec)
+    try:
+        if kind == "probe":
+            out = probe_device()
+        elif kind == "copy-limit":
+            out = copy_limit(spec)
+        elif kind == "spill-profile":
+            out = spill_profile(spec)
+        else:
+            out = run_worker(spec)
+    except Exception as e:  # a result, not a traceback the parent has to dig out of stderr
+        out = dict(_base(spec), kind=kind, status="error", error=f"{type(e).__name__}: {e}"[:600])
     sys.stdout.write(RESULT_MARK + json.dumps(out) + "\n")
     sys.stdout.flush()
     return 0
@@ -746,7 +749,8 @@ def probe_device():
 def copy_limit(spec):
     """Pinned host <-> device copy bandwidth: each direction alone and both at once, GB/s."""
     torch = import_torch()
-    out = {"kind": "copy-limit", "device": torch.cuda.get_device_name(0), "sizes": []}
+    out = {"kind": "copy-limit", "config": "copy-limit", "status": "ok", "device": torch.cuda.get_device_name(0),
+           "sizes": []}
     for size in spec["sizes"]:
         host_a = torch.empty(size, dtype=torch.uint8, pin_memory=True)
         host_b = torch.empty(size, dtype=torch.uint8, pin_memory=True)
@@ -844,7 +848,9 @@ def spill_profile(spec):
     step_s = start.elapsed_time(end) / 1e3
     spilled = pressure.totals["bytes_spilled"] - before["bytes_spilled"]
     restored = pressure.totals["bytes_restored"] - before["bytes_restored"]
-    return {"kind": "spill-profile", "train": result, "profiled_step_ms": round(step_s * 1e3, 3),
+    return {"kind": "spill-profile", "status": "ok", "model": spec["model"], "config": spec["config"],
+            "ratio": spec["ratio"], "batch": spec["batch"], "precision": spec["precision"],
+            "accum": spec["accum"], "train": result, "profiled_step_ms": round(step_s * 1e3, 3),
             "bytes_spilled": spilled, "bytes_restored": restored,
             "spill_rate_over_step_gbps": round(spilled / step_s / 1e9, 3),
             "copies": analyze_copy_trace(events), "spillway_stats": {k: v for k, v in spillway.stats().items()
