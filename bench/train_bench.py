@@ -965,9 +965,15 @@ class Document:
 
     def add(self, result):
         self.data["results"].append(result)
+        self.previous.pop(result_key(result), None)
         sys.stdout.write(json.dumps(result) + "\n")
         sys.stdout.flush()
         self.save()
+
+    def all_results(self):
+        """This run's results, then the earlier run's that this run has not redone (with --resume,
+        a run over fewer models or budgets keeps the others' results)."""
+        return self.data["results"] + list(self.previous.values())
 
     def save(self):
         if not self.path:
@@ -975,7 +981,7 @@ class Document:
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
-            json.dump(self.data, f, indent=1)
+            json.dump(dict(self.data, results=self.all_results()), f, indent=1)
             f.write("\n")
         os.replace(tmp, self.path)
 
@@ -1066,7 +1072,7 @@ def budget_suite(a, meta, doc, device, smoke=False):
                     skip(doc, progress, spec, why)
                 else:
                     run_one(doc, progress, spec, a.timeout)
-    doc.data["summary"] = summarize(doc.data["results"])
+    doc.data["summary"] = summarize(doc.all_results())
     doc.save()
 
 
@@ -1083,14 +1089,17 @@ def summarize(results):
     """Per model: the unconstrained reference and, per ratio and configuration, the status, step
     time, overhead against the reference, peak and evictions."""
     out = {}
-    for r in results:
-        if r.get("kind", "train") != "train" or r.get("model") is None:
-            continue
+    train = [r for r in results if r.get("kind", "train") == "train" and r.get("model") is not None
+             and not r.get("search")]
+    for r in train:  # the references first: with --resume they may come after their runs
         m = out.setdefault(r["model"], {"unconstrained": None, "runs": []})
         if r.get("ratio") is None:
             m["unconstrained"] = {k: r.get(k) for k in ("status", "step_ms_median", "peak_reserved",
                                                         "saved_activation_bytes", "losses")}
+    for r in train:
+        if r.get("ratio") is None:
             continue
+        m = out[r["model"]]
         ref = m["unconstrained"] or {}
         row = {k: r.get(k) for k in ("ratio", "config", "status", "step_ms_median", "peak_reserved",
                                      "budget_bytes", "max_resident_bytes", "spills", "drops", "recomputes")}
