@@ -141,6 +141,26 @@ for name in "${benches[@]}"; do
   ran+=("$(json_escape "$name")")
 done
 
+# --- PyTorch benchmarks (docs/results.md): python3 with torch, and the package in $build/python ------
+if [[ -d $build/python/spillway ]] && python3 -c "import torch" > /dev/null 2>&1; then
+  py_env=(env "PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}")
+  run_step torch_alloc_bench "$out/torch_alloc_bench.log" \
+    "${py_env[@]}" python3 "$repo/bench/torch_alloc_bench.py" --json "$out/torch_alloc_bench.json"
+  run_step train_bench:spill_bandwidth "$out/spill_bandwidth.log" \
+    "${py_env[@]}" python3 "$repo/bench/train_bench.py" --spill-bandwidth --json "$out/spill_bandwidth.json"
+  run_step train_bench "$out/train_bench.log" \
+    "${py_env[@]}" python3 "$repo/bench/train_bench.py" --timeline --resume --json "$out/train_bench.json"
+  run_step train_bench:max_batch "$out/max_batch.log" \
+    "${py_env[@]}" python3 "$repo/bench/train_bench.py" --max-batch --models resnet50,gpt2-medium \
+      --resume --json "$out/max_batch.json"
+  run_step plot_results "$out/plot_results.log" \
+    python3 "$repo/bench/plot_results.py" --train "$out/train_bench.json" --out "$out/plots"
+  ran+=("$(json_escape torch_alloc_bench)" "$(json_escape train_bench)")
+else
+  echo "gpu_suite: no python3 with torch, or no $build/python/spillway: the PyTorch benchmarks were skipped"
+  missing+=("$(json_escape torch_alloc_bench)" "$(json_escape train_bench)")
+fi
+
 # --- metadata ---------------------------------------------------------------------------------------
 gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2> /dev/null | head -n 1)
 commit=$(git -C "$repo" rev-parse HEAD 2> /dev/null || echo "${SPILLWAY_COMMIT:-unknown}")
