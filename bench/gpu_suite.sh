@@ -24,6 +24,11 @@
 #                        spillway-alloc-bench, spillway-stress and spillway-replay.
 #   SPILLWAY_BENCH_ARGS  extra arguments for every benchmark (e.g. "--smoke")
 #   BENCH_TIMEOUT        seconds per benchmark (default 600)
+#   SPILLWAY_GPU_STEPS   the steps to run, space-separated, of: build tests bench torch (default:
+#                        all). Configure always runs (cheap once the cache exists). A lent machine
+#                        runs 10 minutes per call: one step per call, with BUILD_DIR and OUT kept.
+#   SPILLWAY_TRAIN_ARGS  extra arguments for train_bench.py's suite run (e.g. "--models resnet50
+#                        --budgets 1.0,0.5"), with --resume, to cut the 132-process suite up
 #   SPILLWAY_COMMIT      the commit to record when the tree has no .git
 #
 # Exit status: 0 when everything built and passed; 1 otherwise. Every step runs regardless, so a
@@ -62,6 +67,12 @@ json_escape() {
 }
 steps=()  # one JSON object per command run
 failed=0
+read -r -a wanted_steps <<< "${SPILLWAY_GPU_STEPS:-build tests bench torch}"
+want() {  # want <step>: the step was asked for
+  local w
+  for w in "${wanted_steps[@]}"; do [[ $w == "$1" ]] && return 0; done
+  return 1
+}
 
 # run_step <name> <log> <command...>: runs a command with its output in <log>, records it.
 # step_display, when set, is the command line recorded instead of "$*".
@@ -93,7 +104,7 @@ run_step configure "$out/configure.log" \
         -DBoost_NO_BOOST_CMAKE=ON -DBoost_NO_SYSTEM_PATHS=ON -DBoost_INCLUDE_DIR="$carry" \
         -DDOCTEST_INCLUDE_DIR="$carry"
 configured=$?
-if [[ $configured -eq 0 ]]; then
+if [[ $configured -eq 0 ]] && want build; then
   # Keep going past a target that does not build, so the rest still runs.
   run_step build "$out/build.log" cmake --build "$build" -j "$jobs" "${keep_going[@]}"
   tail -n 30 "$out/build.log"
@@ -101,7 +112,7 @@ fi
 
 # --- tests ------------------------------------------------------------------------------------------
 cuda_skips=0
-if [[ $configured -eq 0 ]]; then
+if [[ $configured -eq 0 ]] && want tests; then
   run_step ctest "$out/ctest.log" \
     ctest --test-dir "$build" -V --timeout 900 --output-junit "$out/ctest.xml"
   grep -E '^[0-9]+% tests passed|tests failed|\*\*\*Failed|Not Run' "$out/ctest.log" | tail -n 20
@@ -126,6 +137,7 @@ if [[ -n ${SPILLWAY_BENCHES:-} ]]; then
 fi
 missing=()
 ran=()
+want bench || benches=()
 for name in "${benches[@]}"; do
   bin=$build/bench/$name
   if [[ ! -x $bin ]]; then
@@ -142,14 +154,17 @@ for name in "${benches[@]}"; do
 done
 
 # --- PyTorch benchmarks (docs/results.md): python3 with torch, and the package in $build/python ------
-if [[ -d $build/python/spillway ]] && python3 -c "import torch" > /dev/null 2>&1; then
+if ! want torch; then
+  :
+elif [[ -d $build/python/spillway ]] && python3 -c "import torch" > /dev/null 2>&1; then
   py_env=(env "PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}")
   run_step torch_alloc_bench "$out/torch_alloc_bench.log" \
     "${py_env[@]}" python3 "$repo/bench/torch_alloc_bench.py" --json "$out/torch_alloc_bench.json"
   run_step train_bench:spill_bandwidth "$out/spill_bandwidth.log" \
     "${py_env[@]}" python3 "$repo/bench/train_bench.py" --spill-bandwidth --json "$out/spill_bandwidth.json"
   run_step train_bench "$out/train_bench.log" \
-    "${py_env[@]}" python3 "$repo/bench/train_bench.py" --timeline --resume --json "$out/train_bench.json"
+    "${py_env[@]}" python3 "$repo/bench/train_bench.py" --timeline --resume ${SPILLWAY_TRAIN_ARGS:-} \
+      --json "$out/train_bench.json"
   run_step train_bench:max_batch "$out/max_batch.log" \
     "${py_env[@]}" python3 "$repo/bench/train_bench.py" --max-batch --models resnet50,gpt2-medium \
       --resume --json "$out/max_batch.json"
