@@ -479,3 +479,31 @@ TEST_CASE("destroying the engine with copies in flight and a held stream frees e
   CHECK(env.alloc->stats().reserved_bytes[0].current == 0);
   for (const std::string& w : env.warnings.messages()) CHECK_MESSAGE(!contains(w, "live"), w);
 }
+
+TEST_CASE("prefetch without memory for the buffer declines and leaves it spilled") {
+  engine_options o;
+  o.budget = 4 * MiB;
+  engine_env env(o);
+  lineage_graph g(env);
+  const buffer_id a = g.source(1 * MiB);
+  env.sim->run_until_idle();
+  spill_and_wait(env, a);
+  // Everything else the budget allows is held outside the engine: nothing can be evicted.
+  std::vector<void*> held;
+  try {
+    for (;;) held.push_back(env.alloc->allocate(1 * MiB));
+  } catch (const out_of_memory&) {
+  }
+  REQUIRE(!held.empty());
+  const auto restores = env.eng().stats().restores;
+  CHECK_FALSE(env.eng().prefetch(a));
+  CHECK(env.eng().state(a) == buffer_state::spilled);
+  CHECK(env.eng().stats().restores == restores);
+  for (void* p : held) env.alloc->deallocate(p);
+  CHECK(env.eng().prefetch(a));
+  env.sim->run_until_idle();
+  CHECK(env.eng().state(a) == buffer_state::resident);
+  g.expect(a);
+  env.sim->run_until_idle();
+  env.check_clean();
+}

@@ -436,12 +436,18 @@ detail::candidate_record eviction_engine::impl::make_record_locked(buffer_entry&
 
 // --- other operations and queries ---------------------------------------------------------------------
 
-void eviction_engine::prefetch(buffer_id id) {
+bool eviction_engine::prefetch(buffer_id id) {
   impl& m = *impl_;
   engine_lock lock(m);
   buffer_entry& e = m.lookup_locked(id, "prefetch");
   m.reap_in_flight_locked();
-  if (e.state == buffer_state::spilled || e.state == buffer_state::spilling) m.restore_locked(e);
+  if (e.state != buffer_state::spilled && e.state != buffer_state::spilling) return true;
+  try {
+    m.restore_locked(e);  // leaves e spilled (or spilling) when its block cannot be allocated
+  } catch (const out_of_memory&) {
+    return false;  // a hint that cannot be served now; the pin that needs it will try again
+  }
+  return true;
 }
 
 bool eviction_engine::evict(buffer_id id, eviction_mode mode) {

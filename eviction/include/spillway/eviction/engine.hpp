@@ -139,7 +139,10 @@ class eviction_engine {
   std::vector<pinned_buffer> pin_all(std::span<const buffer_id> ids);
   void unpin(buffer_id id);                          // for callers that do not use the guard
 
-  void prefetch(buffer_id id);                      // start restoring; returns at once
+  // Starts restoring a spilled buffer and returns at once. A hint: when no memory can be had for
+  // it now, it returns false and the buffer stays spilled (the pressure path may have evicted
+  // others trying). True when a restore is under way or nothing needed restoring.
+  bool prefetch(buffer_id id);
   bool evict(buffer_id id, eviction_mode mode = eviction_mode::automatic);  // false if it cannot
 
   buffer_state state(buffer_id id) const;
