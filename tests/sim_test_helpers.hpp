@@ -57,12 +57,6 @@ inline std::string logic_error_text(F&& f) {
   return "<no std::logic_error>";
 }
 
-inline std::string address_text(const void* p) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%p", p);
-  return text;
-}
-
 inline std::vector<std::uint8_t> pattern(std::size_t bytes, std::uint8_t seed) {
   std::vector<std::uint8_t> v(bytes);
   for (std::size_t i = 0; i < bytes; ++i) v[i] = static_cast<std::uint8_t>(i * 131 + seed);

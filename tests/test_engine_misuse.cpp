@@ -18,17 +18,12 @@
 #include <vector>
 
 #include "engine_fixture.hpp"
+#include "spillway/errors.hpp"
 
 using namespace spillway;
 using namespace spillway::test;
 
 namespace {
-
-std::string pointer_text(const void* p) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%p", p);
-  return text;
-}
 
 std::string id_text(buffer_id id) {
   return "buffer " + std::to_string(id.value & 0xffffffffu) + "#" + std::to_string(id.value >> 32);
@@ -175,17 +170,17 @@ TEST_CASE("register_buffer: pointers the allocator does not own, sizes, double r
   f.env.alloc->deallocate(freed);
   void* interior = static_cast<char*>(live) + 512;
   for (void* p : {static_cast<void*>(&host_object), static_cast<void*>(nullptr), interior, freed}) {
-    CAPTURE(pointer_text(p));
-    refused(f, [&] { (void)e.register_buffer(p, 512, {}); }, {pointer_text(p), "not a live allocation"});
+    CAPTURE(format_pointer(p));
+    refused(f, [&] { (void)e.register_buffer(p, 512, {}); }, {format_pointer(p), "not a live allocation"});
   }
-  refused(f, [&] { (void)e.register_buffer(live, 0, {}); }, {pointer_text(live), "0 bytes", "8192"});
+  refused(f, [&] { (void)e.register_buffer(live, 0, {}); }, {format_pointer(live), "0 bytes", "8192"});
   refused(f, [&] { (void)e.register_buffer(live, 8 * KiB + 1, {}); },
-          {pointer_text(live), "8193 bytes", "8192"});
+          {format_pointer(live), "8193 bytes", "8192"});
   const buffer_id id = e.register_buffer(live, 8 * KiB, {});
-  refused(f, [&] { (void)e.register_buffer(live, 8 * KiB, {}); }, {pointer_text(live), "already", id_text(id)});
+  refused(f, [&] { (void)e.register_buffer(live, 8 * KiB, {}); }, {format_pointer(live), "already", id_text(id)});
   // A pointer the engine owns (a resident registered buffer) is not the user's to register.
   void* owned = e.pin(f.a).get();
-  refused(f, [&] { (void)e.register_buffer(owned, 8 * KiB, {}); }, {pointer_text(owned), "already", id_text(f.a)});
+  refused(f, [&] { (void)e.register_buffer(owned, 8 * KiB, {}); }, {format_pointer(owned), "already", id_text(f.a)});
   e.forget(id);
   f.check_bytes();
 }

@@ -42,12 +42,6 @@ sim_config test_config(std::size_t pinned_capacity = 256 * k_mib) {
   return c;
 }
 
-std::string address_text(const void* p) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%p", p);
-  return text;
-}
-
 template <class F>
 std::string invalid_argument_text(F&& f) {
   try {
@@ -282,15 +276,15 @@ TEST_CASE("host_pool: unknown pointers throw naming the pointer, and change noth
 
   for (void* bad : {static_cast<void*>(&local), freed, static_cast<void*>(interior),
                     static_cast<void*>(nullptr)}) {
-    CAPTURE(address_text(bad));
+    CAPTURE(format_pointer(bad));
     std::string m = invalid_argument_text([&] { pool.free(bad); });
-    CHECK(m.find(address_text(bad)) != std::string::npos);
+    CHECK(m.find(format_pointer(bad)) != std::string::npos);
     CHECK(m.find("free") != std::string::npos);
     m = invalid_argument_text([&] { pool.free_after(bad, e); });
-    CHECK(m.find(address_text(bad)) != std::string::npos);
+    CHECK(m.find(format_pointer(bad)) != std::string::npos);
     CHECK(m.find("free_after") != std::string::npos);
     m = invalid_argument_text([&] { (void)pool.block_size(bad); });
-    CHECK(m.find(address_text(bad)) != std::string::npos);
+    CHECK(m.find(format_pointer(bad)) != std::string::npos);
     CHECK(same(pool.stats(), before));
   }
   CHECK(sim.event_completed(e));  // still the caller's (never recorded: complete)

@@ -138,10 +138,10 @@ TEST_CASE("vmm: map_physical rejects misuse with invalid_argument naming the add
   // Double map: the message names the page that is already mapped.
   std::string text = invalid_argument_text([&] { dev.map_physical(base, 2 * k_gran); });
   CHECK(text.find("already mapped") != std::string::npos);
-  CHECK(text.find(address_text(base + k_gran)) != std::string::npos);
+  CHECK(text.find(format_pointer(base + k_gran)) != std::string::npos);
 
   text = invalid_argument_text([&] { dev.map_physical(base + 512, k_gran); });
-  CHECK(text.find(address_text(base + 512)) != std::string::npos);
+  CHECK(text.find(format_pointer(base + 512)) != std::string::npos);
   CHECK(text.find("granularity") != std::string::npos);
   text = invalid_argument_text([&] { dev.map_physical(base, k_gran / 2); });
   CHECK(text.find("32.00 KiB") != std::string::npos);
@@ -151,7 +151,7 @@ TEST_CASE("vmm: map_physical rejects misuse with invalid_argument naming the add
   auto* outside = reinterpret_cast<std::uint8_t*>(
       (reinterpret_cast<std::uintptr_t>(host.data()) + k_gran - 1) / k_gran * k_gran);
   text = invalid_argument_text([&] { dev.map_physical(outside, k_gran); });
-  CHECK(text.find(address_text(outside)) != std::string::npos);
+  CHECK(text.find(format_pointer(outside)) != std::string::npos);
 
   text = invalid_argument_text([&] { dev.reserve_address_range(k_gran + 1); });
   CHECK(text.find(std::to_string(k_gran + 1)) != std::string::npos);

@@ -22,18 +22,13 @@ using spillway::plugin::entry_scope;
 using spillway::plugin::process_allocator;
 using spillway::plugin::report;
 using spillway::plugin::set_last_error;
+using spillway::format_pointer;
 
 // A caller's stream as spillway's. On CUDA, cudaStreamLegacy (0x1) names the same stream as NULL:
 // one pool for both. (On the simulated device 1 is the first stream spillway_stream_create made.)
 spillway::stream_ref to_stream(const spillway::plugin_allocator& a, struct CUstream_st* s) noexcept {
   const auto value = reinterpret_cast<std::uintptr_t>(s);
   return spillway::stream_ref{value == 1 && a.config().backend == "cuda" ? 0 : value};
-}
-
-std::string pointer_text(const void* p) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%p", p);
-  return text;
 }
 
 // Runs `body`; an exception becomes the last error and `fallback`.
@@ -95,7 +90,7 @@ void spillway_free(void* ptr, ssize_t /*size*/, int /*device*/, struct CUstream_
   reported([&] {
     if (process_allocator().deallocate(ptr) == spillway::free_result::foreign) {
       // (A double free, free_result::invalid, is reported by the device allocator itself.)
-      throw spillway::invalid_argument("spillway: spillway_free(" + pointer_text(ptr) +
+      throw spillway::invalid_argument("spillway: spillway_free(" + format_pointer(ptr) +
                                        "): not allocated by spillway; ignored");
     }
   });
@@ -132,7 +127,7 @@ void* spillway_base_alloc(void* ptr, size_t* size) {
   reported([&] {
     spillway::device_allocator* d = process_allocator().owner_of(ptr);
     if (d == nullptr) {
-      throw spillway::invalid_argument("spillway: spillway_base_alloc(" + pointer_text(ptr) +
+      throw spillway::invalid_argument("spillway: spillway_base_alloc(" + format_pointer(ptr) +
                                        "): not a live allocation of spillway; returning the "
                                        "pointer itself");
     }
@@ -150,7 +145,7 @@ void spillway_record_stream(void* ptr, struct CUstream_st* stream) {
     spillway::plugin_allocator& a = process_allocator();
     spillway::device_allocator* d = a.owner_of(ptr);
     if (d == nullptr) {
-      throw spillway::invalid_argument("spillway: spillway_record_stream(" + pointer_text(ptr) +
+      throw spillway::invalid_argument("spillway: spillway_record_stream(" + format_pointer(ptr) +
                                        "): not a live allocation of spillway; ignored");
     }
     d->record_stream(ptr, to_stream(a, stream));

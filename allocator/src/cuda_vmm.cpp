@@ -34,9 +34,7 @@ bool load(Fn& out, const char* symbol) {
 // "0x7f00000000, 2.00 MiB", or just the size when there is no address yet.
 std::string range_text(const void* addr, std::size_t bytes) {
   if (addr == nullptr) return format_bytes(bytes);
-  char text[32];
-  std::snprintf(text, sizeof text, "%p", addr);
-  return std::string(text) + ", " + format_bytes(bytes);
+  return format_pointer(addr) + ", " + format_bytes(bytes);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "device_allocator_impl.hpp"
+#include "spillway/errors.hpp"
 
 namespace spillway {
 
@@ -62,12 +63,6 @@ void update_active_stats(memory_stats& s, const block_pool& pool, std::int64_t s
       << format_bytes(size_classes::max_request_size) << ")";
   }
   throw invalid_argument(m.str());
-}
-
-std::string pointer_text(const void* p) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%p", p);
-  return text;
 }
 
 }  // namespace
@@ -234,7 +229,7 @@ void device_allocator::record_stream(void* ptr, stream_ref stream) {
   std::lock_guard lock(m.mutex);
   block* b = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (b == nullptr) {
-    throw invalid_argument("spillway: record_stream(" + pointer_text(ptr) + ", stream " +
+    throw invalid_argument("spillway: record_stream(" + format_pointer(ptr) + ", stream " +
                            std::to_string(stream.value) + "): the pointer is not a live "
                            "allocation on device " + std::to_string(m.device));
   }

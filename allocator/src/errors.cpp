@@ -1,4 +1,4 @@
-// errors.cpp: format_bytes, used in every message that names a size.
+// errors.cpp: format_bytes and format_pointer, used in every message that names a size or an address.
 #include "spillway/errors.hpp"
 
 #include <cstdio>
@@ -16,6 +16,12 @@ std::string format_bytes(std::size_t bytes) {
   }
   char text[32];
   std::snprintf(text, sizeof text, "%.2f %s", value, units[unit]);
+  return text;
+}
+
+std::string format_pointer(const void* p) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%p", p);
   return text;
 }
 

@@ -20,14 +20,8 @@ void* map_anonymous(std::size_t bytes, int protection) noexcept {
   return p == MAP_FAILED ? nullptr : p;
 }
 
-std::string address_text(const void* addr) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%p", addr);
-  return text;
-}
-
 std::string range_text(const void* addr, std::size_t bytes) {
-  return address_text(addr) + ", " + format_bytes(bytes);
+  return format_pointer(addr) + ", " + format_bytes(bytes);
 }
 
 }  // namespace
@@ -118,7 +112,7 @@ void sim_memory::check_map(const void* addr, std::size_t bytes) const {
   for (std::size_t page = (a - base) / g, last = page + bytes / g; page < last; ++page)
     if (range->mapped[page])
       throw_bad_map(addr, bytes,
-                    "page " + address_text(reinterpret_cast<const void*>(base + page * g)) +
+                    "page " + format_pointer(reinterpret_cast<const void*>(base + page * g)) +
                         " is already mapped");
 }
 

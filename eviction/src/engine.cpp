@@ -8,19 +8,12 @@
 #include "engine_impl.hpp"
 #include "spillway/sim_device.hpp"
 #include "spillway/size_classes.hpp"
+#include "spillway/errors.hpp"
 
 namespace spillway::eviction {
 
 using detail::buffer_entry;
 using detail::node_entry;
-
-namespace {
-std::string pointer_text(const void* p) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%p", p);
-  return text;
-}
-}  // namespace
 
 std::string describe_id(buffer_id id) {
   return "buffer " + std::to_string(id.value & 0xffffffffu) + "#" + std::to_string(id.value >> 32);
@@ -216,18 +209,18 @@ buffer_id eviction_engine::register_buffer(void* ptr, std::size_t size, stream_r
   impl& m = *impl_;
   engine_lock lock(m);
   if (!m.allocator.owns(ptr)) {
-    throw invalid_argument("spillway: register_buffer(" + pointer_text(ptr) +
+    throw invalid_argument("spillway: register_buffer(" + format_pointer(ptr) +
                            "): not a live allocation of device " +
                            std::to_string(m.allocator.device()) + "'s allocator");
   }
   const allocation_info info = m.allocator.describe(ptr);
   if (size == 0 || size > info.size) {
-    throw invalid_argument("spillway: register_buffer(" + pointer_text(ptr) + ", " +
+    throw invalid_argument("spillway: register_buffer(" + format_pointer(ptr) + ", " +
                            std::to_string(size) + " bytes): expected 1.." +
                            std::to_string(info.size) + " bytes (the allocation's size)");
   }
   if (m.by_pointer.count(ptr) != 0) {
-    throw invalid_argument("spillway: register_buffer(" + pointer_text(ptr) + "): already " +
+    throw invalid_argument("spillway: register_buffer(" + format_pointer(ptr) + "): already " +
                            describe_id(m.by_pointer[ptr]->id));
   }
   node_entry* producer =

@@ -22,12 +22,6 @@ namespace {
 constexpr std::size_t k_small_step = std::size_t{4} << 10;  // 4 KiB
 constexpr std::size_t k_large_step = std::size_t{2} << 20;  // 2 MiB
 
-std::string pointer_text(const void* p) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%p", p);
-  return text;
-}
-
 }  // namespace
 
 host_pool::host_pool(device_backend& backend, std::size_t capacity)
@@ -118,7 +112,7 @@ void* host_pool::allocate_from_backend_locked(std::size_t rounded) noexcept {
 
 std::size_t host_pool::handed_out_size_locked(const void* ptr, const char* call) const {
   if (handed_out_.count(ptr) == 0) {
-    throw invalid_argument(std::string("host_pool::") + call + "(" + pointer_text(ptr) +
+    throw invalid_argument(std::string("host_pool::") + call + "(" + format_pointer(ptr) +
                            "): not a block this pool handed out (unknown, interior, null or "
                            "already freed)");
   }

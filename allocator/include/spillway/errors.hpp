@@ -49,5 +49,7 @@ class device_error : public std::runtime_error {
 
 // "1.50 GiB", "512 B": used in every message that names a size.
 std::string format_bytes(std::size_t bytes);
+// "0x7f12a4000000" (as printf's %p): used in every message that names an address.
+std::string format_pointer(const void* p);
 
 }  // namespace spillway
