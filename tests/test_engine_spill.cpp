@@ -29,6 +29,22 @@ void spill_and_wait(engine_env& env, buffer_id id) {
   REQUIRE(env.eng().state(id) == buffer_state::spilled);
 }
 
+// While `use` is held: 16 new 64 KiB blocks on s, none at `kept`, each overwritten; then `use`
+// runs (its read of `kept` still sees the original bytes) and the blocks are freed.
+void overwrite_elsewhere(engine_env& env, stream_ref s, stream_ref use, const void* kept) {
+  std::vector<void*> taken;
+  for (int i = 0; i < 16; ++i) {
+    void* p = env.alloc->allocate(64 * KiB, s);
+    CHECK(p != kept);
+    env.sim->launch(s, 100, [p] { std::memset(p, 0xEE, 64 * KiB); });
+    taken.push_back(p);
+  }
+  env.sim->run_until_idle();
+  env.sim->release(use);
+  env.sim->run_until_idle();
+  for (void* p : taken) env.alloc->deallocate(p);
+}
+
 }  // namespace
 
 TEST_CASE("a spilled block is not reused while its copy waits behind the buffer's stream") {
@@ -203,17 +219,7 @@ TEST_CASE("pin(id, use): work on `use` keeps the block, and a spill copies what 
       g.check_kernel(y, ptr, use, "the read on `use`");
     }
     REQUIRE(env.eng().evict(y, eviction_mode::drop));
-    std::vector<void*> taken;
-    for (int i = 0; i < 16; ++i) {
-      void* p = env.alloc->allocate(64 * KiB, s);
-      CHECK(p != ptr);
-      env.sim->launch(s, 100, [p] { std::memset(p, 0xEE, 64 * KiB); });
-      taken.push_back(p);
-    }
-    env.sim->run_until_idle();
-    env.sim->release(use);
-    env.sim->run_until_idle();
-    for (void* p : taken) env.alloc->deallocate(p);
+    overwrite_elsewhere(env, s, use, ptr);
   }
   SUBCASE("a read on `use` outlives the pin; the buffer is then spilled") {
     void* ptr = nullptr;
@@ -225,17 +231,7 @@ TEST_CASE("pin(id, use): work on `use` keeps the block, and a spill copies what 
     }
     REQUIRE(env.eng().evict(x, eviction_mode::spill));
     env.sim->run_until_idle();
-    std::vector<void*> taken;
-    for (int i = 0; i < 16; ++i) {
-      void* p = env.alloc->allocate(64 * KiB, s);
-      CHECK(p != ptr);
-      env.sim->launch(s, 100, [p] { std::memset(p, 0xEE, 64 * KiB); });
-      taken.push_back(p);
-    }
-    env.sim->run_until_idle();
-    env.sim->release(use);
-    env.sim->run_until_idle();
-    for (void* p : taken) env.alloc->deallocate(p);
+    overwrite_elsewhere(env, s, use, ptr);
   }
   SUBCASE("a write on `use` while pinned is what the spill saves") {
     std::vector<std::uint64_t> updated(64 * KiB / 8);

@@ -306,10 +306,17 @@ activation_manager::entry* activation_manager::choose(std::vector<entry*>& candi
     return (restore_cost(*e).first + 1e-9) /
            (static_cast<double>(e->nbytes) * std::max(now - e->last_use, 1e-6));
   };
-  auto best = std::min_element(candidates.begin(), candidates.end(),
-                               [&](entry* a, entry* b) { return score(a) < score(b); });
-  entry* victim = *best;
-  candidates.erase(best);
+  std::size_t best = 0;
+  double best_score = score(candidates[0]);
+  for (std::size_t i = 1; i < candidates.size(); ++i) {
+    const double s = score(candidates[i]);  // once per candidate
+    if (s < best_score) {
+      best = i;
+      best_score = s;
+    }
+  }
+  entry* victim = candidates[best];
+  candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(best));
   return victim;
 }
 

@@ -96,10 +96,11 @@ device_allocator* plugin_allocator::holder_of(const void* ptr) const noexcept {
   return nullptr;
 }
 
-free_result plugin_allocator::deallocate(void* ptr) noexcept {
+free_result plugin_allocator::deallocate(void* ptr, device_allocator** holder) noexcept {
   // Live first (one hash lookup per created device); only a miss looks at the segments.
   device_allocator* d = owner_of(ptr);
   if (d == nullptr) d = holder_of(ptr);
+  if (holder != nullptr) *holder = d;
   if (d == nullptr) return free_result::foreign;
   switch (d->deallocate(ptr)) {  // a not-live pointer is reported by the device allocator itself
     case free_status::freed: return free_result::freed;

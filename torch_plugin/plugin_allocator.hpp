@@ -63,7 +63,8 @@ class plugin_allocator {
   device_allocator* created_device(int index) const noexcept;  // nullptr until first use
 
   void* allocate(int device, std::size_t bytes, stream_ref stream);
-  free_result deallocate(void* ptr) noexcept;
+  // `holder`, when given, receives the device allocator whose memory held ptr (null if foreign).
+  free_result deallocate(void* ptr, device_allocator** holder = nullptr) noexcept;
   device_allocator* owner_of(const void* ptr) const noexcept;   // the device where ptr is live
   device_allocator* holder_of(const void* ptr) const noexcept;  // the device whose memory holds ptr
 

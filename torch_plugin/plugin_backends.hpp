@@ -7,6 +7,10 @@
 //   without CUDA.
 #pragma once
 
+#include <functional>
+#include <memory>
+#include <string>
+
 #include "config_string.hpp"
 #include "plugin_allocator.hpp"
 
@@ -18,5 +22,9 @@ struct backend_set {
 };
 
 backend_set make_backends(const plugin_config& config);
+
+// A plugin_allocator over the devices make_backends(config) names. Throws what make_backends throws.
+std::unique_ptr<plugin_allocator> make_plugin_allocator(
+    plugin_config config, std::function<void(const std::string&)> on_warning);
 
 }  // namespace spillway

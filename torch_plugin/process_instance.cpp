@@ -29,10 +29,7 @@ instance* build_instance() {
   auto* inst = new instance;  // never deleted: see process_instance.hpp
   const char* text = std::getenv("SPILLWAY_CONF");
   try {
-    plugin_config config = parse_config(text != nullptr ? text : "");
-    backend_set backends = make_backends(config);
-    inst->allocator = std::make_unique<plugin_allocator>(std::move(config), backends.device_count,
-                                                         std::move(backends.make), &report);
+    inst->allocator = make_plugin_allocator(parse_config(text != nullptr ? text : ""), &report);
   } catch (const invalid_argument& e) {
     inst->error = e.what();
     inst->bad_input = true;

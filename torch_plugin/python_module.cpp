@@ -9,8 +9,6 @@
 // - Errors become Python exceptions by kind: invalid input ValueError, a bad device index
 //   IndexError, out of memory torch.OutOfMemoryError, an unsupported feature NotImplementedError,
 //   anything else RuntimeError. Messages are spillway's, which name the value and what was expected.
-// - Pressure callbacks: a Python callable (device, bytes, shortfall) -> (freed, pinned) that the
-//   allocator calls, with the GIL taken, when an allocation does not fit the budget.
 // - ActivationManager: activation_manager.hpp for spillway.activations(). Every method releases
 //   the GIL before it takes the manager's lock, and replays take it back to run Python: a thread
 //   that waits for the lock never holds the GIL, so the two cannot deadlock.
@@ -184,6 +182,9 @@ void bind_activation_manager(py::module_& m) {
              return self.state_of(t);
            })
       .def("close", &activation_manager::close, py::call_guard<py::gil_scoped_release>());
+  m.def("check_activation_policy", [](const std::string& name) {
+    (void)torch_plugin::parse_activation_policy(name);  // ValueError naming a bad one
+  });
   m.def("activation_totals", [] {
     torch_plugin::activation_stats s;
     {
@@ -302,29 +303,5 @@ PYBIND11_MODULE(_C, m) {
     torch_allocator& a = require_installed("raw_free");
     py::gil_scoped_release no_gil;
     return a.release(reinterpret_cast<void*>(ptr));
-  });
-
-  m.def("add_pressure_callback", [](py::function fn) {
-    torch_allocator& a = require_installed("add_pressure_callback");
-    std::shared_ptr<py::function> callback = keep(std::move(fn));
-    return a.devices().add_pressure_handler([callback](const pressure_request& r) -> pressure_result {
-      py::gil_scoped_acquire gil;
-      try {
-        auto [freed, pinned] = (*callback)(r.device, r.bytes, r.shortfall)
-                                   .cast<std::pair<std::size_t, std::size_t>>();
-        return {freed, pinned};
-      } catch (py::error_already_set& e) {
-        // The allocator cannot take a Python exception: report it and free nothing.
-        e.discard_as_unraisable("spillway pressure callback");
-        return {};
-      } catch (const py::cast_error&) {
-        PyErr_WarnEx(PyExc_RuntimeWarning,
-                     "spillway pressure callback: expected a (freed, pinned) pair of ints", 1);
-        return {};
-      }
-    });
-  });
-  m.def("remove_pressure_callback", [](std::uint64_t id) {
-    require_installed("remove_pressure_callback").devices().remove_pressure_handler(id);
   });
 }

@@ -32,18 +32,6 @@ std::atomic<torch_allocator*> installed_allocator{nullptr};
 // Keeps the installed allocator alive: tensors may outlive everything else.
 std::shared_ptr<torch_allocator>& installed_owner = *new std::shared_ptr<torch_allocator>;
 
-std::string pointer_text(const void* p) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%p", p);
-  return text;
-}
-
-plugin_allocator make_devices(const plugin_config& config) {
-  backend_set backends = make_backends(config);
-  return plugin_allocator(config, backends.device_count, std::move(backends.make),
-                          [](const std::string& message) { std::cerr << message << '\n'; });
-}
-
 }  // namespace
 
 // The deleter of every DataPtr spillway hands out. Never throws: it runs in destructors.
@@ -58,7 +46,10 @@ torch_context cuda_context() {
 }
 
 torch_allocator::torch_allocator(plugin_config config, torch_context context)
-    : config_(std::move(config)), context_(std::move(context)), devices_(make_devices(config_)) {
+    : config_(std::move(config)),
+      context_(std::move(context)),
+      devices_(make_plugin_allocator(
+          config_, [](const std::string& message) { std::cerr << message << '\n'; })) {
   std::lock_guard lock(live_mutex);
   live_allocators.push_back(this);
 }
@@ -73,14 +64,14 @@ torch_allocator::~torch_allocator() {
 // --- allocation -------------------------------------------------------------------------------
 
 void torch_allocator::checked_index(c10::DeviceIndex device, const char* caller) const {
-  TORCH_CHECK_INDEX(device >= 0 && device < devices_.device_count(), "spillway: ", caller,
+  TORCH_CHECK_INDEX(device >= 0 && device < devices_->device_count(), "spillway: ", caller,
                     ": device ", static_cast<int>(device), " is out of range: expected 0 to ",
-                    devices_.device_count() - 1);
+                    devices_->device_count() - 1);
 }
 
 device_allocator& torch_allocator::checked_device(c10::DeviceIndex device, const char* caller) {
   checked_index(device, caller);
-  return devices_.device(device);
+  return devices_->device(device);
 }
 
 void* torch_allocator::allocate_on(c10::DeviceIndex device, size_t nbytes, stream_ref stream) {
@@ -88,7 +79,7 @@ void* torch_allocator::allocate_on(c10::DeviceIndex device, size_t nbytes, strea
   if (nbytes == 0) return nullptr;
   void* ptr = nullptr;
   try {
-    ptr = devices_.allocate(device, nbytes, stream);
+    ptr = devices_->allocate(device, nbytes, stream);
   } catch (const out_of_memory& e) {
     fail_out_of_memory(device, e);
   } catch (const invalid_argument& e) {
@@ -99,7 +90,7 @@ void* torch_allocator::allocate_on(c10::DeviceIndex device, size_t nbytes, strea
 }
 
 void torch_allocator::fail_out_of_memory(c10::DeviceIndex device, const std::exception& error) {
-  device_allocator& d = devices_.device(device);
+  device_allocator& d = devices_->device(device);
   const auto allocated = static_cast<size_t>(
       std::max<std::int64_t>(0, d.stats().allocated_bytes[0].current));
   const size_t device_total = d.backend().total_memory();
@@ -133,21 +124,29 @@ void* torch_allocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream)
 }
 
 bool torch_allocator::release(void* ptr) noexcept {
-  device_allocator* owner = devices_.owner_of(ptr);
-  if (owner == nullptr) owner = devices_.holder_of(ptr);
-  if (owner == nullptr) return false;
-  const auto device = static_cast<c10::DeviceIndex>(owner->device());
-  try {
-    history_.record(TraceEntry::FREE_REQUESTED, device, ptr, 0, nullptr);
-  } catch (...) {
-    // A recorder that fails must not keep the memory: free it anyway.
-  }
-  const free_result result = devices_.deallocate(ptr);  // a double free is reported in there
-  try {
-    if (result == free_result::freed) {
-      history_.record(TraceEntry::FREE_COMPLETED, device, ptr, 0, nullptr);
+  // With history or trackers, the free request is recorded before the memory can be reused (a
+  // new allocation at the same address must not lose its context to this free's record); that
+  // needs the device first. Without, the free finds it once.
+  device_allocator* holder = nullptr;
+  if (history_.active()) {
+    holder = devices_->owner_of(ptr);
+    if (holder == nullptr) holder = devices_->holder_of(ptr);
+    if (holder == nullptr) return false;
+    try {
+      history_.record(TraceEntry::FREE_REQUESTED, static_cast<c10::DeviceIndex>(holder->device()),
+                      ptr, 0, nullptr);
+    } catch (...) {
+      // A recorder that fails must not keep the memory: free it anyway.
     }
-    if (!enabled_) owner->empty_cache();
+  }
+  const free_result result = devices_->deallocate(ptr, &holder);  // a double free is reported there
+  if (result == free_result::foreign) return false;
+  try {
+    if (result == free_result::freed && history_.active()) {
+      history_.record(TraceEntry::FREE_COMPLETED, static_cast<c10::DeviceIndex>(holder->device()),
+                      ptr, 0, nullptr);
+    }
+    if (!enabled_) holder->empty_cache();
   } catch (...) {
   }
   return true;
@@ -155,7 +154,7 @@ bool torch_allocator::release(void* ptr) noexcept {
 
 void torch_allocator::raw_delete(void* ptr) {
   if (ptr == nullptr) return;
-  TORCH_CHECK(release(ptr), "spillway: raw_delete(", pointer_text(ptr),
+  TORCH_CHECK(release(ptr), "spillway: raw_delete(", format_pointer(ptr),
               "): not memory of this allocator (invalid device pointer)");
 }
 
@@ -166,7 +165,7 @@ void delete_tensor_memory(void* ptr) noexcept {
   for (torch_allocator* a : live_allocators) {
     if (a->release(ptr)) return;
   }
-  std::cerr << "spillway: a tensor's deleter was given " << pointer_text(ptr)
+  std::cerr << "spillway: a tensor's deleter was given " << format_pointer(ptr)
             << ", which no spillway allocator holds; nothing was freed\n";
 }
 
@@ -181,9 +180,9 @@ void torch_allocator::copy_data(void* dest, const void* src, std::size_t count) 
 // --- lifecycle and budgets ---------------------------------------------------------------------
 
 void torch_allocator::init(int device_count) {
-  TORCH_CHECK(device_count == devices_.device_count(), "spillway: torch sees ", device_count,
+  TORCH_CHECK(device_count == devices_->device_count(), "spillway: torch sees ", device_count,
               " CUDA devices but spillway's backend ", config_.backend, " has ",
-              devices_.device_count());
+              devices_->device_count());
   initialized_.store(true);
 }
 
@@ -215,7 +214,7 @@ void torch_allocator::emptyCache(c10::MempoolId_t mempool_id) {
                               "spillway: emptyCache of memory pool (", mempool_id.first, ", ",
                               mempool_id.second,
                               "): spillway does not support CUDA graph or torch.cuda.MemPool pools");
-  devices_.empty_cache();
+  devices_->empty_cache();
 }
 
 void torch_allocator::enable(bool value) { enabled_ = value; }
@@ -226,13 +225,13 @@ void torch_allocator::cacheInfo(c10::DeviceIndex device, size_t* largest_block) 
   // The largest cached block; with none cached, what a new segment could get (PyTorch reports
   // cudaMemGetInfo's free memory there: under spillway that is the budget's headroom).
   std::size_t largest = d.largest_free_block();
-  if (largest == 0) largest = devices_.memory_info_of(device).free;
+  if (largest == 0) largest = devices_->memory_info_of(device).free;
   *largest_block = largest;
 }
 
 void* torch_allocator::getBaseAllocation(void* ptr, size_t* size) {
-  device_allocator* owner = devices_.owner_of(ptr);
-  TORCH_CHECK(owner != nullptr, "spillway: getBaseAllocation(", pointer_text(ptr),
+  device_allocator* owner = devices_->owner_of(ptr);
+  TORCH_CHECK(owner != nullptr, "spillway: getBaseAllocation(", format_pointer(ptr),
               "): not a live allocation of spillway");
   const allocation_info info = owner->describe(ptr);
   if (size != nullptr) *size = info.segment_size;
@@ -242,14 +241,14 @@ void* torch_allocator::getBaseAllocation(void* ptr, size_t* size) {
 void torch_allocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) {
   // Like PyTorch's allocator: memory it did not allocate (or none) is not its business.
   if (ptr.get() == nullptr || ptr.get_deleter() != &delete_tensor_memory) return;
-  device_allocator* owner = devices_.owner_of(ptr.get());
+  device_allocator* owner = devices_->owner_of(ptr.get());
   if (owner == nullptr) return;
   owner->record_stream(ptr.get(), stream_ref{reinterpret_cast<std::uintptr_t>(stream.stream())});
 }
 
 std::pair<size_t, size_t> torch_allocator::getMemoryInfo(c10::DeviceIndex device) {
   checked_device(device, "getMemoryInfo");
-  const memory_info info = devices_.memory_info_of(device);
+  const memory_info info = devices_->memory_info_of(device);
   return {info.free, info.total};
 }
 

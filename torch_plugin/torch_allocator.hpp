@@ -54,8 +54,8 @@ class torch_allocator final : public c10::cuda::CUDACachingAllocator::CUDAAlloca
   torch_allocator(plugin_config config, torch_context context);
   ~torch_allocator() override;
 
-  plugin_allocator& devices() noexcept { return devices_; }
-  device_allocator& device(c10::DeviceIndex index) { return devices_.device(index); }
+  plugin_allocator& devices() noexcept { return *devices_; }
+  device_allocator& device(c10::DeviceIndex index) { return devices_->device(index); }
   const plugin_config& config() const noexcept { return config_; }
 
   // Frees `ptr` if this allocator holds it (a double free is reported, nothing changes); false
@@ -123,7 +123,7 @@ class torch_allocator final : public c10::cuda::CUDACachingAllocator::CUDAAlloca
 
   plugin_config config_;
   torch_context context_;
-  plugin_allocator devices_;
+  std::unique_ptr<plugin_allocator> devices_;
   std::atomic<bool> initialized_{false};
   std::atomic<bool> enabled_{true};
   allocation_history history_;

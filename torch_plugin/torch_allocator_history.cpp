@@ -37,6 +37,7 @@ void allocation_history::configure(bool enabled, c10::CachingDeviceAllocator::Cr
   for (auto& [device, ring] : rings_) {
     while (ring.size() > max_entries_) ring.pop_front();
   }
+  active_.store(enabled_ || !trackers_.empty());
 }
 
 bool allocation_history::enabled() const {
@@ -47,12 +48,13 @@ bool allocation_history::enabled() const {
 void allocation_history::attach_tracker(c10::CachingDeviceAllocator::AllocatorTraceTracker tracker) {
   std::lock_guard lock(mutex_);
   trackers_.push_back(std::move(tracker));
+  active_.store(true);
 }
 
 void allocation_history::record(action what, c10::DeviceIndex device, const void* ptr, std::size_t size,
                                 void* stream) {
+  if (!active()) return;  // every allocation and free comes here: no lock when nobody listens
   std::lock_guard lock(mutex_);
-  if (!enabled_ && trackers_.empty()) return;
 
   // A context for allocations when STATE or more is asked for, for frees only with ALL.
   std::shared_ptr<c10::GatheredContext> context;

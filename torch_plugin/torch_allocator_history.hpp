@@ -17,6 +17,7 @@
 
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include <atomic>
 #include <cstddef>
 #include <deque>
 #include <memory>
@@ -35,6 +36,8 @@ class allocation_history {
                  std::size_t max_entries, c10::CachingDeviceAllocator::RecordContext when,
                  bool clear, const std::vector<std::string>& skip_actions);
   bool enabled() const;
+  // Recording or tracking at all: callers skip the work of an event (finding its device) when not.
+  bool active() const noexcept { return active_.load(std::memory_order_relaxed); }
   void attach_tracker(c10::CachingDeviceAllocator::AllocatorTraceTracker tracker);
 
   // One event; `stream` is the raw stream. ALLOC keeps the allocation's context (when one is
@@ -46,6 +49,7 @@ class allocation_history {
 
  private:
   mutable std::mutex mutex_;
+  std::atomic<bool> active_{false};  // enabled_ || !trackers_.empty()
   bool enabled_ = false;
   c10::CachingDeviceAllocator::CreateContextFn recorder_ = nullptr;
   c10::CachingDeviceAllocator::RecordContext when_ = c10::CachingDeviceAllocator::RecordContext::NEVER;

@@ -37,7 +37,7 @@ c10::CachingDeviceAllocator::DeviceStats torch_allocator::getDeviceStats(c10::De
   checked_index(device, "getDeviceStats");
   c10::CachingDeviceAllocator::DeviceStats out;
   // A device spillway has not used yet has all-zero statistics; asking does not create it.
-  const device_allocator* d = devices_.created_device(device);
+  const device_allocator* d = devices_->created_device(device);
   if (d == nullptr) return out;
   const memory_stats s = d->stats();
   out.allocation = to_c10(s.allocation);
@@ -62,19 +62,19 @@ c10::CachingDeviceAllocator::DeviceStats torch_allocator::getDeviceStats(c10::De
 
 void torch_allocator::resetAccumulatedStats(c10::DeviceIndex device) {
   checked_index(device, "resetAccumulatedStats");
-  if (device_allocator* d = devices_.created_device(device)) d->reset_accumulated_stats();
+  if (device_allocator* d = devices_->created_device(device)) d->reset_accumulated_stats();
 }
 
 void torch_allocator::resetPeakStats(c10::DeviceIndex device) {
   checked_index(device, "resetPeakStats");
-  if (device_allocator* d = devices_.created_device(device)) d->reset_peak_stats();
+  if (device_allocator* d = devices_->created_device(device)) d->reset_peak_stats();
 }
 
 std::vector<cca::StreamSegmentSize> torch_allocator::getExpandableSegmentSizes(
     c10::DeviceIndex device) {
   checked_index(device, "getExpandableSegmentSizes");
   std::vector<cca::StreamSegmentSize> sizes;
-  const device_allocator* d = devices_.created_device(device);
+  const device_allocator* d = devices_->created_device(device);
   if (d == nullptr) return sizes;
   for (const segment_info& seg : d->snapshot().segments) {
     if (!seg.is_expandable) continue;
@@ -86,12 +86,12 @@ std::vector<cca::StreamSegmentSize> torch_allocator::getExpandableSegmentSizes(
 
 cca::SnapshotInfo torch_allocator::snapshot(c10::MempoolId_t mempool_id, bool include_traces) {
   cca::SnapshotInfo out;
-  const int count = devices_.device_count();
+  const int count = devices_->device_count();
   if (include_traces) out.device_traces.resize(static_cast<std::size_t>(count));
   for (int i = 0; i < count; ++i) {
     const auto device = static_cast<c10::DeviceIndex>(i);
     if (include_traces) out.device_traces[static_cast<std::size_t>(i)] = history_.entries(device);
-    const device_allocator* d = devices_.created_device(device);
+    const device_allocator* d = devices_->created_device(device);
     // spillway has no private pools: a snapshot of one (a CUDA graph's) is empty.
     if (d == nullptr || mempool_id.first != 0 || mempool_id.second != 0) continue;
     for (const segment_info& seg : d->snapshot().segments) {

@@ -47,9 +47,6 @@ import torch
 
 from . import _C
 
-POLICIES = ("dtr", "lru", "largest")
-MODES = ("hybrid", "spill", "drop")
-
 _default_policy = "dtr"
 _active = threading.local()  # .stack: managers entered on this thread
 
@@ -59,7 +56,7 @@ def _set_default_policy(name):
     # dtr-frag needs the allocator's free-range map per block, which a storage-level manager does
     # not have; its choice among activations is plain DTR.
     name = "dtr" if name == "dtr-frag" else name
-    _C.ActivationManager(None, "hybrid", name, 0, 0, 1.0)  # ValueError naming a bad policy
+    _C.check_activation_policy(name)  # ValueError naming a bad policy
     _default_policy = name
 
 
