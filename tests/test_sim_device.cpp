@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -78,6 +79,45 @@ TEST_CASE("segments: bytes written through a device pointer read back") {
   CHECK(std::memcmp(seg.ptr, want.data(), want.size()) == 0);
 }
 
+
+TEST_CASE("segments: placement depends only on the reservations made, lowest address first") {
+  // The allocator breaks best-fit ties by address; a replay is repeatable only if where a segment
+  // lands does not depend on where the kernel puts an mmap (ASLR).
+  const auto offsets = [] {
+    sim_device dev(test_config());
+    std::vector<std::uintptr_t> at;
+    auto* a = static_cast<char*>(dev.reserve_segment(8 * k_mib));
+    auto* b = static_cast<char*>(dev.reserve_segment(4 * k_mib + 100));
+    auto* c = static_cast<char*>(dev.reserve_segment(6 * k_mib));
+    REQUIRE((a != nullptr && b != nullptr && c != nullptr));
+    CHECK(a < b);  // in the order asked for, not the kernel's top-down mmap order
+    CHECK(b < c);
+    std::memset(b, 0x5a, 4 * k_mib + 100);
+    dev.release_segment(b, 4 * k_mib + 100);
+    auto* d = static_cast<char*>(dev.reserve_segment(2 * k_mib));  // the lowest hole that fits
+    auto* e = static_cast<char*>(dev.reserve_segment(2 * k_mib));
+    auto* f = static_cast<char*>(dev.reserve_segment(3 * k_mib));  // too big for what is left of it
+    REQUIRE((d != nullptr && e != nullptr && f != nullptr));
+    CHECK(d == b);
+    CHECK(e == b + 2 * k_mib);
+    CHECK(f > c);
+    CHECK(std::all_of(d, d + 2 * k_mib, [](char x) { return x == 0; }));  // fresh pages
+    const auto base = reinterpret_cast<std::uintptr_t>(a);
+    for (char* p : {a, d, e, c, f}) at.push_back(reinterpret_cast<std::uintptr_t>(p) - base);
+    dev.release_segment(a, 8 * k_mib);
+    dev.release_segment(c, 6 * k_mib);
+    auto* g = static_cast<char*>(dev.reserve_segment(12 * k_mib));  // fits neither hole (8, 6 MiB)
+    REQUIRE(g != nullptr);
+    CHECK(g > f);
+    at.push_back(reinterpret_cast<std::uintptr_t>(g) - base);
+    return at;
+  };
+  const std::vector<std::uintptr_t> first = offsets();
+  // A second device, made after other mappings moved the kernel's next mmap, places alike.
+  std::vector<std::unique_ptr<char[]>> noise;
+  for (int i = 0; i < 8; ++i) noise.emplace_back(new char[(i + 1) * 300 * 1024]);
+  CHECK(offsets() == first);
+}
 TEST_CASE("segments: segment_reserve_latency_ns moves the manual clock") {
   sim_config c = test_config();
   c.segment_reserve_latency_ns = 5000;

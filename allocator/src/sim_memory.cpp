@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <utility>
 
 #include "spillway/errors.hpp"
@@ -20,6 +21,12 @@ void* map_anonymous(std::size_t bytes, int protection) noexcept {
   return p == MAP_FAILED ? nullptr : p;
 }
 
+constexpr std::size_t k_arena_alignment = std::size_t{2} << 20;
+constexpr std::size_t k_arena_limit = std::size_t{1} << 40;
+constexpr std::size_t k_segment_alignment = 4096;  // mprotect granularity; cudaMalloc promises 512
+
+std::size_t round_up(std::size_t n, std::size_t to) noexcept { return (n + to - 1) / to * to; }
+
 std::string range_text(const void* addr, std::size_t bytes) {
   return format_pointer(addr) + ", " + format_bytes(bytes);
 }
@@ -30,7 +37,9 @@ sim_memory::sim_memory(const sim_config& config, sim_counters& counters, std::st
     : config_(config), counters_(counters), name_(std::move(name)) {}
 
 sim_memory::~sim_memory() {
-  for (auto& [ptr, bytes] : segments_) ::munmap(ptr, bytes);
+  for (auto& [ptr, bytes] : segments_)
+    if (!return_to_arena(ptr, bytes)) ::munmap(ptr, bytes);
+  if (arena_base_ != 0) ::munmap(reinterpret_cast<void*>(arena_base_), arena_bytes_);
   for (auto& [base, range] : ranges_) ::munmap(reinterpret_cast<void*>(base), range.bytes);
   for (auto& [ptr, bytes] : pinned_) ::munmap(ptr, bytes);
 }
@@ -39,12 +48,13 @@ sim_memory::~sim_memory() {
 
 void* sim_memory::reserve_segment(std::size_t bytes) noexcept {
   if (bytes > config_.capacity - counters_.used_bytes) return nullptr;
-  void* ptr = map_anonymous(bytes, PROT_READ | PROT_WRITE);
+  void* ptr = carve_from_arena(bytes);
+  if (ptr == nullptr) ptr = map_anonymous(bytes, PROT_READ | PROT_WRITE);
   if (ptr == nullptr) return nullptr;
   try {
     segments_.emplace(ptr, bytes);
   } catch (...) {  // bad_alloc in the bookkeeping: report it as what it is, no memory
-    ::munmap(ptr, bytes);
+    if (!return_to_arena(ptr, bytes)) ::munmap(ptr, bytes);
     return nullptr;
   }
   count_device(bytes);
@@ -55,10 +65,81 @@ void* sim_memory::reserve_segment(std::size_t bytes) noexcept {
 void sim_memory::release_segment(void* ptr) noexcept {
   auto it = segments_.find(ptr);
   if (it == segments_.end()) return;
-  ::munmap(ptr, it->second);  // the size we mapped, whatever the caller passes
+  // The size we mapped, whatever the caller passes.
+  if (!return_to_arena(ptr, it->second)) ::munmap(ptr, it->second);
   uncount_device(it->second);
   ++counters_.segments_released;
   segments_.erase(it);
+}
+
+// The lowest free range of the arena that holds `bytes`, made read/write (fresh zero pages).
+void* sim_memory::carve_from_arena(std::size_t bytes) noexcept {
+  if (!arena_tried_) {  // reserve on first use: a device that never reserves a segment costs nothing
+    arena_tried_ = true;
+    const std::size_t capacity = std::min(config_.capacity, k_arena_limit / 2);
+    const std::size_t want = round_up(std::max<std::size_t>(2 * capacity, k_arena_alignment),
+                                      k_arena_alignment);
+    if (void* raw = map_anonymous(want + k_arena_alignment, PROT_NONE); raw != nullptr) {
+      const auto start = reinterpret_cast<std::uintptr_t>(raw);
+      arena_base_ = round_up(start, k_arena_alignment);
+      if (arena_base_ > start) ::munmap(raw, arena_base_ - start);
+      if (const std::size_t tail = start + want + k_arena_alignment - (arena_base_ + want); tail > 0)
+        ::munmap(reinterpret_cast<void*>(arena_base_ + want), tail);
+      arena_bytes_ = want;
+      try {
+        arena_free_.emplace(0, want);
+      } catch (...) {
+        ::munmap(reinterpret_cast<void*>(arena_base_), want);
+        arena_base_ = 0;
+        arena_bytes_ = 0;
+      }
+    }
+  }
+  if (bytes == 0 || bytes > arena_bytes_) return nullptr;
+  const std::size_t need = round_up(bytes, k_segment_alignment);
+  for (auto it = arena_free_.begin(); it != arena_free_.end(); ++it) {
+    const auto [offset, size] = *it;
+    if (size < need) continue;
+    void* ptr = reinterpret_cast<void*>(arena_base_ + offset);
+    if (::mmap(ptr, need, PROT_READ | PROT_WRITE, k_anonymous | MAP_FIXED, -1, 0) == MAP_FAILED)
+      return nullptr;
+    arena_free_.erase(it);
+    if (size > need) {
+      try {
+        arena_free_.emplace(offset + need, size - need);
+      } catch (...) {  // the remainder is lost to the arena, not to correctness
+      }
+    }
+    return ptr;
+  }
+  return nullptr;
+}
+
+// Maps PROT_NONE over a carved segment (its pages go back) and merges its range with free
+// neighbours. False when `ptr` is not inside the arena.
+bool sim_memory::return_to_arena(void* ptr, std::size_t bytes) noexcept {
+  const auto a = reinterpret_cast<std::uintptr_t>(ptr);
+  if (arena_base_ == 0 || a < arena_base_ || a - arena_base_ >= arena_bytes_) return false;
+  std::size_t offset = a - arena_base_;
+  std::size_t size = round_up(bytes, k_segment_alignment);
+  ::mmap(ptr, size, PROT_NONE, k_anonymous | MAP_FIXED, -1, 0);
+  try {
+    auto next = arena_free_.lower_bound(offset);
+    if (next != arena_free_.end() && next->first == offset + size) {
+      size += next->second;
+      next = arena_free_.erase(next);
+    }
+    if (next != arena_free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == offset) {
+        prev->second += size;
+        return true;
+      }
+    }
+    arena_free_.emplace_hint(next, offset, size);
+  } catch (...) {  // the range is lost to the arena, not to correctness
+  }
+  return true;
 }
 
 // --- virtual memory --------------------------------------------------------------------------------

@@ -8,6 +8,13 @@
 // - Device capacity counts segment bytes and mapped pages (counters.used_bytes); address ranges
 //   are free, like virtual address space on a GPU. Pinned host memory has its own capacity.
 //   "No memory" (over capacity, or mmap/mprotect refused) is nullptr / false, never an exception.
+// - Plain segments are carved from one address arena reserved at the first segment (twice the
+//   capacity, at most 1 TiB), lowest address first, so where a segment lands depends only on the
+//   sequence of reservations and releases, never on where the kernel puts an mmap (ASLR). The
+//   allocator breaks best-fit ties by address, so this is what makes a replay repeatable run to
+//   run. A segment that does not fit in the arena (its address space fragmented) gets an mmap of
+//   its own. Releasing a segment maps PROT_NONE over it: its bytes go back and a stale pointer
+//   faults.
 // - VMM: an address range is PROT_NONE and aligned to the granularity. map() makes pages
 //   read/write and counts them; unmap() drops their contents (MADV_DONTNEED: a page mapped again
 //   reads as zeros) and makes them PROT_NONE again, so a stale pointer faults as on a GPU.
@@ -61,6 +68,8 @@ class sim_memory {
   address_range* find_range(std::uintptr_t addr, std::size_t bytes, std::uintptr_t* base) noexcept;
   void unmap_pages(std::uintptr_t base, address_range& range, std::size_t first,
                    std::size_t last) noexcept;
+  void* carve_from_arena(std::size_t bytes) noexcept;     // nullptr: no arena or no room
+  bool return_to_arena(void* ptr, std::size_t bytes) noexcept;  // false: not from the arena
   void count_device(std::size_t bytes) noexcept;
   void uncount_device(std::size_t bytes) noexcept;
   [[noreturn]] void throw_bad_map(const void* addr, std::size_t bytes, const std::string& why) const;
@@ -69,6 +78,11 @@ class sim_memory {
   sim_counters& counters_;
   std::string name_;
   std::unordered_map<void*, std::size_t> segments_;
+  // The segment arena: [arena_base_, arena_base_ + arena_bytes_), its free ranges by offset.
+  std::uintptr_t arena_base_ = 0;
+  std::size_t arena_bytes_ = 0;
+  bool arena_tried_ = false;
+  std::map<std::size_t, std::size_t> arena_free_;  // offset -> bytes, no two adjacent
   std::map<std::uintptr_t, address_range> ranges_;  // by base address
   std::unordered_map<void*, std::size_t> pinned_;
 };
