@@ -6,14 +6,18 @@
 // and expensive to recompute, spills without lineage, drops without host memory, and does neither
 // when neither is possible; the mode forces one or the other (or none when it is impossible);
 // bandwidths that are not positive and finite throw; measure_bandwidth on a realtime sim_device
-// returns positive finite figures and gives its memory back, and throws device_error when it
-// cannot get its probe buffers.
+// returns positive finite figures and gives its memory back to the allocator; its probe shrinks to
+// what the allocator's budget leaves, and with no room it is out_of_memory naming the budget; it
+// throws device_error (no pinned memory, a failed copy) or out_of_memory (no device memory) when
+// it cannot get its probe buffers, leaking nothing.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 
+#include "spillway/device_allocator.hpp"
 #include "spillway/errors.hpp"
 #include "spillway/eviction/cost_model.hpp"
 #include "spillway/sim_device.hpp"
@@ -117,10 +121,11 @@ TEST_CASE("measure_bandwidth: positive finite figures on a realtime sim_device")
   config.clock = clock_mode::realtime;
   config.capacity = 256 * k_mib;
   config.pinned_host_capacity = 256 * k_mib;
-  sim_device sim(config);
-  const stream_ref s = sim.create_stream();
+  auto sim = std::make_shared<sim_device>(config);
+  device_allocator alloc(sim);
+  const stream_ref s = sim->create_stream();
 
-  const link_bandwidth measured = measure_bandwidth(sim, s, 4 * k_mib);
+  const link_bandwidth measured = measure_bandwidth(alloc, s, 4 * k_mib);
   CAPTURE(measured.h2d);
   CAPTURE(measured.d2h);
   CHECK(std::isfinite(measured.h2d));
@@ -128,30 +133,69 @@ TEST_CASE("measure_bandwidth: positive finite figures on a realtime sim_device")
   CHECK(measured.h2d > 0);
   CHECK(measured.d2h > 0);
   CHECK_NOTHROW(cost_model{measured});
-  const sim_counters c = sim.counters();
-  CHECK(c.used_bytes == 0);  // the probe gave its memory back
+  const sim_counters c = sim->counters();
+  CHECK(alloc.stats().allocated_bytes[0].current == 0);  // the probe went back to the allocator
   CHECK(c.pinned_used_bytes == 0);
   CHECK(c.bytes_copied[static_cast<int>(copy_kind::host_to_device)] == 4 * 4 * k_mib);
   CHECK(c.bytes_copied[static_cast<int>(copy_kind::device_to_host)] == 4 * 4 * k_mib);
-  sim.destroy_stream(s);
+  alloc.empty_cache();
+  sim->destroy_stream(s);
 }
 
-TEST_CASE("measure_bandwidth: no memory for the probe is a device_error, and nothing leaks") {
+TEST_CASE("measure_bandwidth: the probe stays within the allocator's budget") {
+  sim_config config;
+  config.clock = clock_mode::realtime;
+  config.capacity = 256 * k_mib;
+  auto sim = std::make_shared<sim_device>(config);
+  device_allocator alloc(sim);
+  alloc.set_budget(40 * k_mib);
+  void* held = alloc.allocate(30 * k_mib);  // 30 MiB reserved of 40: about 10 MiB left
+
+  const std::size_t copied_before = sim->counters().bytes_copied[static_cast<int>(copy_kind::host_to_device)];
+  const link_bandwidth measured = measure_bandwidth(alloc, stream_ref{}, 64 * k_mib);
+  CHECK(measured.h2d > 0);
+  const std::size_t probe =
+      (sim->counters().bytes_copied[static_cast<int>(copy_kind::host_to_device)] - copied_before) / 4;
+  CAPTURE(probe);
+  CHECK(probe >= k_mib);
+  CHECK(probe <= 10 * k_mib);  // shrunk to what the budget left, not 64 MiB beside it
+  CHECK(probe % k_mib == 0);
+  CHECK(sim->counters().peak_used_bytes <= 40 * k_mib);
+  CHECK(alloc.stats().allocated_bytes[0].current == static_cast<std::int64_t>(30 * k_mib));
+
+  // No room at all: out_of_memory naming the budget and what to do, and nothing changes.
+  alloc.set_budget(30 * k_mib);
+  try {
+    (void)measure_bandwidth(alloc, stream_ref{}, 64 * k_mib);
+    FAIL("measure_bandwidth did not throw");
+  } catch (const spillway::out_of_memory& e) {
+    const std::string what = e.what();
+    CHECK(what.find("budget 30.00 MiB") != std::string::npos);
+    CHECK(what.find("engine_config.bandwidth") != std::string::npos);
+    CHECK(e.info().budget == 30 * k_mib);
+  }
+  CHECK(alloc.stats().allocated_bytes[0].current == static_cast<std::int64_t>(30 * k_mib));
+  CHECK(sim->counters().pinned_used_bytes == 0);
+  alloc.deallocate(held);
+}
+
+TEST_CASE("measure_bandwidth: no memory for the probe is an error, and nothing leaks") {
   sim_config config;
   config.capacity = 256 * k_mib;
   config.pinned_host_capacity = 256 * k_mib;
-  sim_device sim(config);
+  auto sim = std::make_shared<sim_device>(config);
+  device_allocator alloc(sim);
 
-  sim.fail_nth(fault_site::pinned_host_allocation, 1);
-  CHECK_THROWS_AS(measure_bandwidth(sim, stream_ref{}, k_mib), spillway::device_error);
-  sim.fail_nth(fault_site::segment_reservation, 1);
-  CHECK_THROWS_AS(measure_bandwidth(sim, stream_ref{}, k_mib), spillway::device_error);
-  CHECK(sim.counters().pinned_used_bytes == 0);
-  CHECK(sim.counters().used_bytes == 0);
+  sim->fail_nth(fault_site::pinned_host_allocation, 1);
+  CHECK_THROWS_AS(measure_bandwidth(alloc, stream_ref{}, k_mib), spillway::device_error);
+  sim->fail_nth(fault_site::segment_reservation, 1);
+  CHECK_THROWS_AS(measure_bandwidth(alloc, stream_ref{}, k_mib), spillway::out_of_memory);
+  CHECK(sim->counters().pinned_used_bytes == 0);
+  CHECK(alloc.stats().allocated_bytes[0].current == 0);
   // A failing copy: the buffers still go back.
-  sim.fail_nth(fault_site::copy, 2);
-  CHECK_THROWS_AS(measure_bandwidth(sim, stream_ref{}, k_mib), spillway::device_error);
-  CHECK(sim.counters().pinned_used_bytes == 0);
-  CHECK(sim.counters().used_bytes == 0);
-  CHECK_THROWS_AS(measure_bandwidth(sim, stream_ref{}, 0), spillway::invalid_argument);
+  sim->fail_nth(fault_site::copy, 2);
+  CHECK_THROWS_AS(measure_bandwidth(alloc, stream_ref{}, k_mib), spillway::device_error);
+  CHECK(sim->counters().pinned_used_bytes == 0);
+  CHECK(alloc.stats().allocated_bytes[0].current == 0);
+  CHECK_THROWS_AS(measure_bandwidth(alloc, stream_ref{}, 0), spillway::invalid_argument);
 }

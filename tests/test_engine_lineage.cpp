@@ -10,10 +10,12 @@
 // still needs is kept, hidden, so its consumers still recompute, and is freed (the allocator back
 // to zero) when the last output that needs it is forgotten; forgetting dropped buffers keeps DTR's
 // equivalence classes sound for later evictions; set_lineage moves a buffer to a new producer and
-// the old node retires. pin_all, and a recompute's own inputs, pin the resident buffers first, so
+// the old node retires; remove_node releases a node that has no output at once (freeing the forgotten
+// inputs only it held) and one with outputs with its last. pin_all, and a recompute's own inputs, pin the resident buffers first, so
 // that bringing back one never evicts another; a pin_all that fails leaves no pin.
 #include <doctest/doctest.h>
 
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -419,6 +421,49 @@ TEST_CASE("a forgotten input that a live node needs stays, hidden, until its las
   CHECK(env.eng().stats().resident_bytes == 0);
   CHECK(env.allocated_bytes() == 0);
   CHECK(env.alloc->stats().allocation[0].current == 0);
+}
+
+TEST_CASE("remove_node: a node with no output lets go of its inputs at once; one with outputs retires with its last") {
+  engine_env env;
+  lineage_graph g(env);
+  const buffer_id s = g.source(8 * KiB);
+  const buffer_id a = g.node({s}, {8 * KiB})[0];
+  env.sim->run_until_idle();
+  const auto noop = [](std::span<void* const>, std::span<void* const>, stream_ref) {};
+  // A node whose output is never registered (its op's result was not kept) holds s as an input.
+  const node_id skipped = env.eng().add_node({.name = "skipped", .inputs = {s}, .output_count = 1,
+                                              .compute = noop});
+  env.eng().forget(s);  // a's producer still needs s, so it stays, hidden
+  env.eng().forget(a);  // a's node retires; only `skipped` holds s now
+  CHECK(env.eng().stats().registered == 0);
+  CHECK(env.allocated_bytes() == 8 * KiB);
+  env.eng().remove_node(skipped);  // released at once: s is freed
+  CHECK(env.allocated_bytes() == 0);
+  CHECK_THROWS_WITH_AS(env.eng().remove_node(skipped), doctest::Contains("no longer exists"),
+                       invalid_argument);
+
+  // A node with a registered output: removed, it may no longer be named, but its output keeps its
+  // lineage (it can still be dropped and recomputed) until it is forgotten.
+  const buffer_id t = g.source(8 * KiB);
+  const buffer_id kept = g.node({t}, {8 * KiB})[0];
+  const node_id kept_node = g.nodes().back().id;
+  env.sim->run_until_idle();
+  env.eng().remove_node(kept_node);
+  CHECK_THROWS_WITH_AS(env.eng().remove_node(kept_node), doctest::Contains("was removed"),
+                       invalid_argument);
+  void* p = env.alloc->allocate(8 * KiB);
+  CHECK_THROWS_WITH_AS((void)env.eng().register_buffer(p, 8 * KiB, {}, {.producer = kept_node}),
+                       doctest::Contains("was removed"), invalid_argument);
+  env.alloc->deallocate(p);
+  drop(env.eng(), kept);
+  g.expect(kept);  // recomputed from t through the removed node
+  env.sim->run_until_idle();
+  env.check_clean();
+  env.eng().forget(t);
+  env.eng().forget(kept);  // the node retires with it, and t (hidden) goes with the node
+  env.sim->run_until_idle();
+  CHECK(env.allocated_bytes() == 0);
+  CHECK(env.eng().stats().registered == 0);
 }
 
 TEST_CASE("forgetting dropped buffers keeps DTR's equivalence classes sound") {

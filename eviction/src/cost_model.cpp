@@ -60,18 +60,25 @@ eviction_action cost_model::choose(eviction_mode mode, std::size_t bytes,
 
 namespace {
 
-// The probe's two buffers. They are given back only once the stream has drained; if it cannot
-// drain (the wait throws), they are leaked rather than freed under copies that may still run.
+constexpr std::size_t k_min_probe = std::size_t{1} << 20;
+
+// The probe's two buffers: pinned host memory from the backend, device memory from the allocator.
+// They are given back only once the stream has drained; if it cannot drain (the wait throws),
+// they are leaked rather than freed under copies that may still run.
 class probe_buffers {
  public:
-  probe_buffers(device_backend& backend, stream_ref stream, std::size_t bytes)
-      : backend_(backend), stream_(stream), bytes_(bytes) {
-    host_ = backend.allocate_pinned_host(bytes);
-    if (host_ == nullptr) fail("pinned host memory");
-    device_ = backend.reserve_segment(bytes);
-    if (device_ == nullptr) {
-      backend.free_pinned_host(host_, bytes);
-      fail("device memory");
+  probe_buffers(device_allocator& allocator, stream_ref stream, std::size_t bytes)
+      : allocator_(allocator), backend_(allocator.backend()), stream_(stream), bytes_(bytes) {
+    host_ = backend_.allocate_pinned_host(bytes);
+    if (host_ == nullptr) {
+      throw device_error("measure_bandwidth on " + backend_.name() +
+                         ": no pinned host memory for a probe of " + format_bytes(bytes));
+    }
+    try {
+      device_ = allocator.allocate(bytes, stream);
+    } catch (...) {
+      backend_.free_pinned_host(host_, bytes);
+      throw;
     }
   }
   ~probe_buffers() {
@@ -80,7 +87,7 @@ class probe_buffers {
     } catch (...) {
       return;
     }
-    backend_.release_segment(device_, bytes_);
+    allocator_.deallocate(device_);
     backend_.free_pinned_host(host_, bytes_);
   }
   probe_buffers(const probe_buffers&) = delete;
@@ -90,17 +97,39 @@ class probe_buffers {
   void* device() const noexcept { return device_; }
 
  private:
-  [[noreturn]] void fail(const char* what) const {
-    throw device_error("measure_bandwidth on " + backend_.name() + ": no " + what +
-                       " for a probe of " + format_bytes(bytes_));
-  }
-
+  device_allocator& allocator_;
   device_backend& backend_;
   stream_ref stream_;
   std::size_t bytes_;
   void* host_ = nullptr;
   void* device_ = nullptr;
 };
+
+// The probe size: probe_bytes, or less when the allocator cannot serve that without evicting or
+// going over its budget; whole MiB, at least one.
+std::size_t probe_size(const device_allocator& allocator, std::size_t probe_bytes) {
+  const std::size_t budget = allocator.budget();
+  const auto reserved = static_cast<std::size_t>(allocator.stats().reserved_bytes[0].current);
+  const std::size_t room =
+      std::max(allocator.largest_free_block(), budget > reserved ? budget - reserved : 0);
+  std::size_t bytes = std::min(probe_bytes, room);
+  if (bytes < probe_bytes) bytes = bytes / k_min_probe * k_min_probe;
+  if (bytes == 0) {
+    out_of_memory::details d;
+    d.device = allocator.device();
+    d.requested = d.rounded = k_min_probe;
+    d.budget = budget;
+    d.reserved = reserved;
+    d.allocated = static_cast<std::size_t>(allocator.stats().allocated_bytes[0].current);
+    d.largest_free = allocator.largest_free_block();
+    throw out_of_memory("measure_bandwidth on device " + std::to_string(allocator.device()) +
+                        ": no room for a probe of at least " + format_bytes(k_min_probe) +
+                        " (budget " + format_bytes(budget) + ", " + format_bytes(reserved) +
+                        " reserved); give the bandwidth in engine_config.bandwidth instead",
+                        d);
+  }
+  return bytes;
+}
 
 // Bytes per second of `repeats` back-to-back copies, from enqueue to the stream's completion.
 double timed_bandwidth(device_backend& backend, stream_ref stream, void* dst, const void* src,
@@ -118,10 +147,13 @@ double timed_bandwidth(device_backend& backend, stream_ref stream, void* dst, co
 
 }  // namespace
 
-link_bandwidth measure_bandwidth(device_backend& backend, stream_ref stream, std::size_t probe_bytes) {
+link_bandwidth measure_bandwidth(device_allocator& allocator, stream_ref stream,
+                                 std::size_t probe_bytes) {
   if (probe_bytes == 0) throw invalid_argument("measure_bandwidth: probe_bytes 0; expected at least 1 byte");
   constexpr int k_repeats = 3;
-  probe_buffers buffers(backend, stream, probe_bytes);
+  device_backend& backend = allocator.backend();
+  probe_bytes = probe_size(allocator, probe_bytes);
+  probe_buffers buffers(allocator, stream, probe_bytes);
   // Warm-up, one copy each way: first touch of the pages and the engines' start-up stay out of
   // the timing.
   backend.copy_async(buffers.device(), buffers.host(), probe_bytes, copy_kind::host_to_device, stream);

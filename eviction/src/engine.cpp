@@ -43,7 +43,7 @@ eviction_engine::impl::impl(eviction_engine& s, device_allocator& a, engine_conf
     if (const auto* sim = dynamic_cast<const sim_device*>(&backend)) {
       bw = {sim->config().h2d_bandwidth, sim->config().d2h_bandwidth};
     } else {
-      bw = measure_bandwidth(backend, d2h_stream);
+      bw = measure_bandwidth(a, d2h_stream);  // within the budget: see cost_model.hpp
     }
   }
   costs = std::make_unique<cost_model>(bw);
@@ -88,11 +88,13 @@ buffer_entry& eviction_engine::impl::lookup_locked(buffer_id id, const char* ope
 
 node_entry& eviction_engine::impl::lookup_node_locked(node_id id, const char* operation) const {
   node_entry* n = nodes.find(id.value);
-  if (n != nullptr && n->alive) return *n;
+  if (n != nullptr && n->alive && !n->removed) return *n;
   throw invalid_argument(std::string("spillway: ") + operation + ": lineage node " +
                          std::to_string(id.value & 0xffffffffu) +
-                         (nodes.stale(id.value) ? " no longer exists (all its outputs were forgotten)"
-                                                : " does not exist"));
+                         (n != nullptr && n->removed ? " was removed (remove_node)"
+                          : nodes.stale(id.value)
+                              ? " no longer exists (all its outputs were forgotten, or it was removed)"
+                              : " does not exist"));
 }
 
 // --- lineage ---------------------------------------------------------------------------------------
@@ -128,6 +130,14 @@ node_id eviction_engine::add_node(lineage_node desc) {
   n->inputs = std::move(inputs);
   for (buffer_entry* in : n->inputs) in->consumers.push_back(n);  // reserved below, cannot throw
   return node_id{id};
+}
+
+void eviction_engine::remove_node(node_id id) {
+  impl& m = *impl_;
+  engine_lock lock(m);
+  node_entry& n = m.lookup_node_locked(id, "remove_node");
+  n.removed = true;
+  if (n.live_outputs == 0) m.retire_node_locked(n);  // else detach_output_locked retires it
 }
 
 void eviction_engine::impl::attach_output_locked(buffer_entry& e, node_entry& n, std::uint32_t index) {

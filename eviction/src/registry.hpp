@@ -114,6 +114,7 @@ struct node_entry {
   std::uint32_t live_outputs = 0;
   stream_ref stream;                      // the stream of its first registered output
   bool visiting = false;                  // on the current rematerialisation path
+  bool removed = false;                   // remove_node: no new outputs; retires with its last
 };
 
 // Slot arena with generation-checked ids.

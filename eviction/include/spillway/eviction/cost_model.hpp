@@ -13,6 +13,7 @@
 
 #include <cstddef>
 
+#include "spillway/device_allocator.hpp"
 #include "spillway/device_backend.hpp"
 #include "spillway/eviction/buffer.hpp"
 
@@ -43,10 +44,15 @@ class cost_model {
   link_bandwidth bandwidth_;
 };
 
-// Times pinned copies of `probe_bytes` each way on `stream` with the host clock and synchronisation;
-// returns the measured bandwidth. For a simulated device in manual mode use its configured model
-// instead (the host clock does not move with the virtual one).
-link_bandwidth measure_bandwidth(device_backend& backend, stream_ref stream,
+// Times pinned copies of up to `probe_bytes` each way on `stream` with the host clock and
+// synchronisation; returns the measured bandwidth. The device side of the probe is an allocation
+// of `allocator`, so it counts against the budget like any other: when less than probe_bytes fits
+// (in a free block or under the budget), the probe shrinks to what fits, down to 1 MiB, and below
+// that it is out_of_memory naming the budget. The memory goes back to the allocator's cache.
+// Pinned host memory comes from the backend and goes back to it; none is a device_error. For a
+// simulated device in manual mode use its configured model instead (the host clock does not move
+// with the virtual one).
+link_bandwidth measure_bandwidth(device_allocator& allocator, stream_ref stream,
                                  std::size_t probe_bytes = std::size_t{64} << 20);
 
 }  // namespace spillway::eviction

@@ -49,7 +49,9 @@ struct engine_config {
   std::string policy = "dtr-frag";             // make_policy name
   std::uint64_t seed = 1;
   std::size_t host_pool_capacity = std::size_t{64} << 30;  // pinned host bytes for spills
-  link_bandwidth bandwidth{};                  // zero: measured at construction
+  // Zero: the simulated device's model, or on a real device measured at construction with a probe
+  // allocated within the budget (measure_bandwidth; out_of_memory when the budget leaves no room).
+  link_bandwidth bandwidth{};
   std::size_t max_recompute_depth = 10000;     // lineage depth before runaway recursion is declared
   bool allow_spill = true;
   bool allow_drop = true;
@@ -117,6 +119,11 @@ class eviction_engine {
 
   // Lineage: a node whose outputs are registered afterwards with buffer_options::producer.
   node_id add_node(lineage_node node);
+  // Says that no more outputs of the node will be registered (its op was skipped, or its outputs
+  // were never kept): with none registered, it is released at once and lets go of its inputs
+  // (forgotten inputs it alone needed are freed); otherwise it is released with its last output.
+  // Either way, naming it afterwards (register_buffer, set_lineage, remove_node) is an error.
+  void remove_node(node_id id);
 
   // Takes ownership of `ptr`, a live allocation of the allocator of `size` bytes used on `stream`.
   buffer_id register_buffer(void* ptr, std::size_t size, stream_ref stream,
