@@ -4,7 +4,7 @@
 // docs/simulator.md has the model, the metrics and the results.
 //
 //   spillway-evict-sim [--trace FILE|synth:SPEC[,...]] [--budgets 1.0,0.8,...] [--policies dtr,...]
-//                      [--modes drop,hybrid,spill] [--verify] [--expandable] [--no-eager-drop]
+//                      [--modes drop,hybrid,spill] [--verify] [--expandable] [--no-eager-drop] [--oom-layout]
 //                      [--link-gbps 50] [--seed S] [--rotor-slots 500] [--rotor-max-stages 400]
 //                      [--json] [--plot FILE.svg] [--smoke]
 //
@@ -43,7 +43,7 @@ void print_usage() {
   std::fputs(
       "usage: spillway-evict-sim [--trace FILE|synth:SPEC[,...]] [--budgets 1.0,0.8,0.6,0.5,0.4,0.3]\n"
       "                          [--policies dtr,lru,largest,dtr-frag] [--modes drop,hybrid,spill]\n"
-      "                          [--verify] [--expandable] [--no-eager-drop] [--link-gbps 50] [--seed 1]\n"
+      "                          [--verify] [--expandable] [--no-eager-drop] [--oom-layout] [--link-gbps 50] [--seed 1]\n"
       "                          [--rotor-slots 500] [--rotor-max-stages 400] [--json] [--plot FILE.svg]\n"
       "                          [--smoke]\n"
       "  --trace       op traces (.optrace, .optrace.gz) or synthetic ones: synth:mlp,\n"
@@ -56,6 +56,7 @@ void print_usage() {
       "  --verify      kernels write and check signatures: wrong bytes after a restore are counted\n"
       "  --expandable  expandable segments (VMM) on the simulated device\n"
       "  --no-eager-drop  keep released buffers that lineage still needs resident until evicted\n"
+      "  --oom-layout  print the segments and their blocks to stderr when a run runs out of memory\n"
       "  --link-gbps   host<->device copy bandwidth each way (GB/s)\n"
       "  --json        machine-readable results on stdout; --plot: an SVG line plot per trace\n"
       "  --smoke       tiny synthetic traces with checks (for ctest)\n"
@@ -264,6 +265,7 @@ int run(int argc, char** argv) {
   o.base.verify = args.flag("verify");
   o.base.expandable = args.flag("expandable");
   o.base.eager_drop = !args.flag("no-eager-drop");
+  o.base.oom_layout = args.flag("oom-layout");
   o.base.link_bandwidth = args.get_double("link-gbps", 50) * 1e9;
   o.base.seed = static_cast<std::uint64_t>(args.get_int("seed", 1));
   o.rotor_slots = static_cast<std::size_t>(args.get_int("rotor-slots", 500));

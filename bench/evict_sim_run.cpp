@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <cstdio>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -133,6 +134,24 @@ class replayer {
     alive_.assign(t.buffers.size(), false);
   }
 
+  // One line per segment, lowest address first: its offset from the lowest, pool, size, and its
+  // blocks (A: allocated, -: free) in MiB. What out of memory looked like, for --oom-layout.
+  void print_layout(std::size_t op) const {
+    const memory_snapshot snap = alloc_->snapshot();
+    std::vector<const segment_info*> segs;
+    for (const segment_info& sg : snap.segments) segs.push_back(&sg);
+    std::sort(segs.begin(), segs.end(), [](auto* a, auto* b) { return a->address < b->address; });
+    std::fprintf(stderr, "-- %s/%s: segments at out of memory, op %zu (MiB; A allocated, - free)\n",
+                 c_.policy.c_str(), to_string(c_.mode).c_str(), op);
+    for (const segment_info* sg : segs) {
+      std::fprintf(stderr, "  +%-8.2f %s %8.2f:", static_cast<double>(sg->address - segs.front()->address) / 1048576.0,
+                   sg->is_large ? "large" : "small", static_cast<double>(sg->total_size) / 1048576.0);
+      for (const block_info& b : sg->blocks)
+        std::fprintf(stderr, " %s%.2f", b.allocated() ? "A" : "-", static_cast<double>(b.size) / 1048576.0);
+      std::fputc('\n', stderr);
+    }
+  }
+
   run_result run() {
     const auto started = std::chrono::steady_clock::now();
     run_result r;
@@ -165,6 +184,7 @@ class replayer {
       r.total_ns = sim_->now_ns();
       r.ok = true;
     } catch (const spillway::out_of_memory& e) {
+      if (c_.oom_layout && alloc_) print_layout(r.ops_done);
       r.failure = "out of memory at op " + std::to_string(r.ops_done) + where(r.ops_done) + ": " + first_line(e.what());
     } catch (const std::exception& e) {
       r.failure = "error at op " + std::to_string(r.ops_done) + where(r.ops_done) + ": " + first_line(e.what());

@@ -45,6 +45,7 @@ struct run_config {
   bool expandable = false;
   bool verify = false;
   bool eager_drop = true;
+  bool oom_layout = false;                 // on out of memory, print the segments' layout to stderr
   std::uint64_t seed = 1;
   double link_bandwidth = 50e9;            // host <-> device, bytes per second, each way
   std::size_t candidate_samples = 400;     // at most this many candidate counts per run
