@@ -282,3 +282,14 @@ TEST_CASE("make_backends: sim is one device of sim_capacity") {
   CHECK(dev->device_index() == 0);
   CHECK(dev->total_memory() == std::size_t{1} << 30);
 }
+
+TEST_CASE("stream_of: on CUDA cudaStreamLegacy (0x1) is the default stream; elsewhere handles pass through") {
+  sim_devices sims;
+  // Only the backend's name matters to stream_of; the devices stay simulated.
+  plugin_allocator on_cuda(parse_config("backend:cuda"), 1, sims.factory());
+  CHECK(on_cuda.stream_of(nullptr).value == 0);
+  CHECK(on_cuda.stream_of(reinterpret_cast<const void*>(std::uintptr_t{1})).value == 0);
+  CHECK(on_cuda.stream_of(reinterpret_cast<const void*>(std::uintptr_t{0x7f00})).value == 0x7f00);
+  plugin_allocator on_sim(parse_config("backend:sim"), 1, sims.factory());
+  CHECK(on_sim.stream_of(reinterpret_cast<const void*>(std::uintptr_t{1})).value == 1);  // a sim stream
+}

@@ -24,13 +24,6 @@ using spillway::plugin::report;
 using spillway::plugin::set_last_error;
 using spillway::format_pointer;
 
-// A caller's stream as spillway's. On CUDA, cudaStreamLegacy (0x1) names the same stream as NULL:
-// one pool for both. (On the simulated device 1 is the first stream spillway_stream_create made.)
-spillway::stream_ref to_stream(const spillway::plugin_allocator& a, struct CUstream_st* s) noexcept {
-  const auto value = reinterpret_cast<std::uintptr_t>(s);
-  return spillway::stream_ref{value == 1 && a.config().backend == "cuda" ? 0 : value};
-}
-
 // Runs `body`; an exception becomes the last error and `fallback`.
 template <class T, class F>
 T guarded(T fallback, F&& body) noexcept {
@@ -69,7 +62,7 @@ void* spillway_malloc(ssize_t size, int device, struct CUstream_st* stream) {
       throw spillway::invalid_argument("spillway_malloc: negative size " + std::to_string(size));
     }
     spillway::plugin_allocator& a = process_allocator();
-    return a.allocate(device, static_cast<std::size_t>(size), to_stream(a, stream));
+    return a.allocate(device, static_cast<std::size_t>(size), a.stream_of(stream));
   } catch (const std::exception& e) {
     set_last_error(e.what());
     throw;  // PyTorch turns it into a RuntimeError; see spillway_alloc.h
@@ -80,7 +73,7 @@ void* spillway_try_malloc(size_t size, int device, struct CUstream_st* stream) {
   entry_scope scope;
   return guarded<void*>(nullptr, [&] {
     spillway::plugin_allocator& a = process_allocator();
-    return a.allocate(device, size, to_stream(a, stream));
+    return a.allocate(device, size, a.stream_of(stream));
   });
 }
 
@@ -148,7 +141,7 @@ void spillway_record_stream(void* ptr, struct CUstream_st* stream) {
       throw spillway::invalid_argument("spillway: spillway_record_stream(" + format_pointer(ptr) +
                                        "): not a live allocation of spillway; ignored");
     }
-    d->record_stream(ptr, to_stream(a, stream));
+    d->record_stream(ptr, a.stream_of(stream));
   });
 }
 

@@ -72,6 +72,11 @@ void plugin_allocator::remove_pressure_handler(std::uint64_t id) noexcept {
   handlers_.erase(it);
 }
 
+stream_ref plugin_allocator::stream_of(const void* cuda_stream) const noexcept {
+  const auto value = reinterpret_cast<std::uintptr_t>(cuda_stream);
+  return stream_ref{value == 1 && config_.backend == "cuda" ? 0 : value};
+}
+
 void* plugin_allocator::allocate(int device_index, std::size_t bytes, stream_ref stream) {
   device_allocator& d = device(device_index);  // an invalid device is an error even for 0 bytes
   if (bytes == 0) return nullptr;

@@ -62,6 +62,10 @@ class plugin_allocator {
   device_allocator& device(int index);                        // created on first use
   device_allocator* created_device(int index) const noexcept;  // nullptr until first use
 
+  // A caller's CUDA stream handle as spillway's. On CUDA, cudaStreamLegacy (0x1) names the same
+  // stream as NULL: one pool for both. (On the simulated device 1 is the first stream made.)
+  stream_ref stream_of(const void* cuda_stream) const noexcept;
+
   void* allocate(int device, std::size_t bytes, stream_ref stream);
   // `holder`, when given, receives the device allocator whose memory held ptr (null if foreign).
   free_result deallocate(void* ptr, device_allocator** holder = nullptr) noexcept;

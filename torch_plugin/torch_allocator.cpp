@@ -77,6 +77,7 @@ device_allocator& torch_allocator::checked_device(c10::DeviceIndex device, const
 void* torch_allocator::allocate_on(c10::DeviceIndex device, size_t nbytes, stream_ref stream) {
   checked_device(device, "allocate");
   if (nbytes == 0) return nullptr;
+  stream = devices_->stream_of(reinterpret_cast<const void*>(stream.value));  // cudaStreamLegacy
   void* ptr = nullptr;
   try {
     ptr = devices_->allocate(device, nbytes, stream);
@@ -243,7 +244,7 @@ void torch_allocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStrea
   if (ptr.get() == nullptr || ptr.get_deleter() != &delete_tensor_memory) return;
   device_allocator* owner = devices_->owner_of(ptr.get());
   if (owner == nullptr) return;
-  owner->record_stream(ptr.get(), stream_ref{reinterpret_cast<std::uintptr_t>(stream.stream())});
+  owner->record_stream(ptr.get(), devices_->stream_of(stream.stream()));
 }
 
 std::pair<size_t, size_t> torch_allocator::getMemoryInfo(c10::DeviceIndex device) {
