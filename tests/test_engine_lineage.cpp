@@ -11,10 +11,12 @@
 // to zero) when the last output that needs it is forgotten; forgetting dropped buffers keeps DTR's
 // equivalence classes sound for later evictions; set_lineage moves a buffer to a new producer and
 // the old node retires; remove_node releases a node that has no output at once (freeing the forgotten
-// inputs only it held) and one with outputs with its last. pin_all, and a recompute's own inputs, pin the resident buffers first, so
+// inputs only it held) and one with outputs with its last; the staleness clock advances by the cost
+// of each node a recompute runs, so buffers made early in one recompute are staler than later ones. pin_all, and a recompute's own inputs, pin the resident buffers first, so
 // that bringing back one never evicts another; a pin_all that fails leaves no pin.
 #include <doctest/doctest.h>
 
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -421,6 +423,44 @@ TEST_CASE("a forgotten input that a live node needs stays, hidden, until its las
   CHECK(env.eng().stats().resident_bytes == 0);
   CHECK(env.allocated_bytes() == 0);
   CHECK(env.alloc->stats().allocation[0].current == 0);
+}
+
+TEST_CASE("the staleness clock moves with the recomputes the engine runs, though their work is only queued") {
+  // A recompute queues kernels: the device clock does not move until they run. The engine's clock
+  // for staleness does, by each node's cost, so that a buffer made early in a long recompute is
+  // staler than one made at its end, and both are fresher than one untouched since before it.
+  engine_env env;
+  lineage_graph g(env);
+  const buffer_id s = g.source(8 * KiB);
+  const buffer_id untouched = g.node({s}, {8 * KiB}, {}, 1000)[0];
+  const buffer_id a = g.node({s}, {8 * KiB}, {}, 1000)[0];
+  const buffer_id b = g.node({a}, {8 * KiB}, {}, 2000)[0];
+  const buffer_id c = g.node({b}, {8 * KiB}, {}, 4000)[0];
+  env.sim->run_until_idle();
+  env.sim->advance(1'000'000);
+  drop(env.eng(), a);
+  drop(env.eng(), b);
+  drop(env.eng(), c);
+  const std::uint64_t before = env.sim->now_ns();
+  {
+    pinned_buffer pin = env.eng().pin(c);  // recomputes a, b, c; nothing has run yet
+    CHECK(env.sim->now_ns() == before);
+  }
+  const auto staleness = [&](buffer_id id) {
+    const std::optional<eviction::candidate_info> info = env.eng().describe_candidate(id);
+    REQUIRE(info.has_value());
+    return info->staleness_ns;
+  };
+  // a was last used when b ran (after a's 1000 ns), b and c when c ran (after 1000 + 2000 + 4000).
+  CHECK(staleness(a) == doctest::Approx(4000));
+  CHECK(staleness(b) <= 1.0);
+  CHECK(staleness(c) <= 1.0);
+  CHECK(staleness(untouched) > 1'000'000);
+  env.sim->run_until_idle();
+  env.sim->advance(1'000'000);  // the device's clock passes the engine's: it leads again
+  CHECK(staleness(a) >= 1'000'000);
+  CHECK(staleness(b) < staleness(a));
+  env.check_clean();
 }
 
 TEST_CASE("remove_node: a node with no output lets go of its inputs at once; one with outputs retires with its last") {

@@ -8,6 +8,7 @@
 //   engine_pressure.cpp   the allocator's pressure handler, victim choice, the candidate view
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <span>
@@ -56,7 +57,12 @@ struct eviction_engine::impl {
   pressure_handler_id handler_id = 0;
 
   // --- engine.cpp ----------------------------------------------------------------------------------
-  std::uint64_t now() const { return config.clock ? config.clock() : steady_now(); }
+  // The staleness clock: the configured clock, but never behind the recomputes the engine has run.
+  // See Note [Staleness clock] in docs/eviction.md.
+  std::uint64_t now() const {
+    return std::max(config.clock ? config.clock() : steady_now(), recompute_time_floor);
+  }
+  std::uint64_t recompute_time_floor = 0;  // now() as of the last recompute, plus its cost
   static std::uint64_t steady_now();
   detail::buffer_entry& lookup_locked(buffer_id id, const char* operation) const;
   detail::node_entry& lookup_node_locked(node_id id, const char* operation) const;

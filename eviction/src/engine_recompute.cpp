@@ -263,6 +263,10 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
   }
   ++stats.recomputes;
   stats.recompute_cost_ns += n.desc.cost_ns;
+  // The node's work is queued, not done: the clock has not moved, but its outputs are as fresh
+  // as its cost makes them (Note [Staleness clock]).
+  recompute_time_floor = now() + static_cast<std::uint64_t>(n.desc.cost_ns);
+  const std::uint64_t made_at = now();
 
   // 4. Every output that was not resident is resident now, at its new block.
   for (std::size_t k = 0; k < fresh.size(); ++k) {
@@ -277,6 +281,7 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
       allocator.record_stream(out->device_ptr, out->stream);
     }
     set_state_locked(*out, buffer_state::resident);
+    out->last_access_ns = made_at;
     stats.bytes_recomputed += out->size;
   }
   for (buffer_entry* out : n.outputs) {
