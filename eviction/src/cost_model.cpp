@@ -30,8 +30,8 @@ cost_model::cost_model(link_bandwidth bandwidth) : bandwidth_(bandwidth) {
 
 double cost_model::spill_cost_ns(std::size_t bytes, std::size_t d2h_queued_bytes) const noexcept {
   const double restore = static_cast<double>(bytes) / bandwidth_.h2d;
-  const double queue_wait = static_cast<double>(d2h_queued_bytes) / bandwidth_.d2h;
-  return (restore + queue_wait) * k_ns_per_s;
+  const double spill_wait = static_cast<double>(d2h_queued_bytes + bytes) / bandwidth_.d2h;
+  return (restore + spill_wait) * k_ns_per_s;
 }
 
 double cost_model::drop_cost_ns(double recompute_cost_ns,

@@ -1,9 +1,11 @@
 // cost_model: spill or drop, per tensor, from measured numbers.
 //
 // For a victim of `bytes` that could be spilled and/or recomputed:
-//   spill cost   = restore time bytes / h2d_bandwidth, plus the wait behind the copy engine's
-//                  queue (bytes already queued for device-to-host copies / d2h_bandwidth): the
-//                  part of a round trip that can land on the critical path
+//   spill cost   = the wait before the evicted block is free: the buffer's own device-to-host
+//                  copy behind the bytes already queued ((queued + bytes) / d2h_bandwidth; the
+//                  allocation that caused the eviction waits for it), plus the restore time
+//                  bytes / h2d_bandwidth: the parts of a round trip that can land on the
+//                  critical path
 //   drop cost    = recompute_cost_ns of its node, plus the cost of evicted inputs it would need
 //                  (the evicted neighbourhood's cost, DTR's e*)
 // choose() picks the cheaper allowed one; spilling needs host memory, dropping needs lineage.
