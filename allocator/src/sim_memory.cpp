@@ -38,7 +38,7 @@ sim_memory::sim_memory(const sim_config& config, sim_counters& counters, std::st
 
 sim_memory::~sim_memory() {
   for (auto& [ptr, bytes] : segments_)
-    if (!return_to_arena(ptr, bytes)) ::munmap(ptr, bytes);
+    if (!in_arena(ptr)) ::munmap(ptr, bytes);  // the arena's go with it
   if (arena_base_ != 0) ::munmap(reinterpret_cast<void*>(arena_base_), arena_bytes_);
   for (auto& [base, range] : ranges_) ::munmap(reinterpret_cast<void*>(base), range.bytes);
   for (auto& [ptr, bytes] : pinned_) ::munmap(ptr, bytes);
@@ -117,10 +117,14 @@ void* sim_memory::carve_from_arena(std::size_t bytes) noexcept {
 
 // Maps PROT_NONE over a carved segment (its pages go back) and merges its range with free
 // neighbours. False when `ptr` is not inside the arena.
-bool sim_memory::return_to_arena(void* ptr, std::size_t bytes) noexcept {
+bool sim_memory::in_arena(const void* ptr) const noexcept {
   const auto a = reinterpret_cast<std::uintptr_t>(ptr);
-  if (arena_base_ == 0 || a < arena_base_ || a - arena_base_ >= arena_bytes_) return false;
-  std::size_t offset = a - arena_base_;
+  return arena_base_ != 0 && a >= arena_base_ && a - arena_base_ < arena_bytes_;
+}
+
+bool sim_memory::return_to_arena(void* ptr, std::size_t bytes) noexcept {
+  if (!in_arena(ptr)) return false;
+  std::size_t offset = reinterpret_cast<std::uintptr_t>(ptr) - arena_base_;
   std::size_t size = round_up(bytes, k_segment_alignment);
   ::mmap(ptr, size, PROT_NONE, k_anonymous | MAP_FIXED, -1, 0);
   try {

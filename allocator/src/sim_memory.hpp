@@ -70,6 +70,7 @@ class sim_memory {
                    std::size_t last) noexcept;
   void* carve_from_arena(std::size_t bytes) noexcept;     // nullptr: no arena or no room
   bool return_to_arena(void* ptr, std::size_t bytes) noexcept;  // false: not from the arena
+  bool in_arena(const void* ptr) const noexcept;
   void count_device(std::size_t bytes) noexcept;
   void uncount_device(std::size_t bytes) noexcept;
   [[noreturn]] void throw_bad_map(const void* addr, std::size_t bytes, const std::string& why) const;
