@@ -7,8 +7,9 @@
 // on another stream's work (a spill's copy); a handler that frees nothing leads to the cache being
 // released and then to out_of_memory reporting what the handler said was pinned; a throwing
 // handler is reported through on_warning (delivered without the lock) and the next one still
-// runs; a removed handler is not called; rounds stop after 8; lowering the budget asks the
-// handlers too; the counters count calls, retries and freed bytes.
+// runs; a removed handler is not called; rounds go on while a handler frees allocations (past
+// any small fixed number) and stop at the first that claims progress but frees none; lowering
+// the budget asks the handlers too; the counters count calls, retries and freed bytes.
 // A deadlock would hang these tests: a watchdog aborts with a message instead.
 #include <doctest/doctest.h>
 
@@ -221,7 +222,7 @@ TEST_CASE("a removed handler is not called") {
   u.alloc.deallocate(u.b);
 }
 
-TEST_CASE("rounds stop after 8 when a handler claims progress but frees nothing useful") {
+TEST_CASE("rounds stop when a handler claims progress but frees no allocation") {
   under_budget u;
   int calls = 0;
   u.alloc.add_pressure_handler([&](const pressure_request&) {
@@ -229,11 +230,37 @@ TEST_CASE("rounds stop after 8 when a handler claims progress but frees nothing 
     return pressure_result{4096, 0};  // claims a little, frees nothing
   });
   CHECK_THROWS_AS(u.alloc.allocate(12 * MiB, u.s), out_of_memory);
-  CHECK(calls == 8);
-  CHECK(u.alloc.stats().num_pressure_handler_calls == 8);
-  CHECK(u.alloc.stats().pressure_handler_freed_bytes == 8 * 4096);
+  CHECK(calls == 1);
+  CHECK(u.alloc.stats().num_pressure_handler_calls == 1);
+  CHECK(u.alloc.stats().pressure_handler_freed_bytes == 4096);
   u.alloc.deallocate(u.a);
   u.alloc.deallocate(u.b);
+}
+
+TEST_CASE("rounds go on while a handler frees memory, until a range fits") {
+  // Two 20 MiB segments of ten 2 MiB blocks fill a 40 MiB budget. A 20 MiB request fits only in
+  // a whole segment: the handler frees one block a round, in allocation order, so the first
+  // segment is empty after ten rounds (more than any fixed small cap would allow).
+  std::unique_ptr<backend_env> env = make_sim_env();
+  allocator_config config = env->config();
+  config.budget = 40 * MiB;
+  device_allocator alloc{env->backend, config};
+  std::vector<void*> blocks;
+  for (int i = 0; i < 20; ++i) blocks.push_back(alloc.allocate(2 * MiB));
+  REQUIRE(alloc.stats().reserved_bytes[0].current == static_cast<std::int64_t>(40 * MiB));
+  std::size_t next = 0;
+  alloc.add_pressure_handler([&](const pressure_request& r) {
+    CHECK(r.bytes == 20 * MiB);
+    if (next == blocks.size()) return pressure_result{0, 0};
+    alloc.deallocate(blocks[next++]);
+    return pressure_result{2 * MiB, 0};
+  });
+  void* big = alloc.allocate(20 * MiB);
+  CHECK(next == 10);
+  CHECK(alloc.stats().num_pressure_handler_calls == 10);
+  CHECK(alloc.stats().reserved_bytes[0].current <= static_cast<std::int64_t>(40 * MiB));
+  alloc.deallocate(big);
+  for (std::size_t i = next; i < blocks.size(); ++i) alloc.deallocate(blocks[i]);
 }
 
 TEST_CASE("a handler's stream-ordered free (a spill) is awaited, then reused") {

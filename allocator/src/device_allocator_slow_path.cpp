@@ -28,7 +28,6 @@ using detail::block_status;
 using detail::segment;
 
 namespace {
-constexpr int max_pressure_rounds = 8;  // handler calls per allocation before moving on
 
 // Runs `undo` when a reservation step leaves by an exception (a device_error from the backend),
 // so that records and address ranges taken so far are given back.
@@ -55,9 +54,13 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
   if (block* b = reserve_locked(pool, stream, rounded)) return b;
 
   ++stats.num_alloc_retries;
-  // Step 3: pressure handlers, then frees that wait on events they scheduled.
+  // Step 3: pressure handlers, then frees that wait on events they scheduled. Rounds go on while
+  // they free memory: evictions scattered over segments that other live blocks hold may take many
+  // before a range fits, and the request fails only once nothing more can be evicted. A round
+  // that claims bytes but frees no allocation ends them (a handler that cannot make progress).
   std::size_t pinned = 0;
-  for (int round = 0; round < max_pressure_rounds && !handlers.empty(); ++round) {
+  while (!handlers.empty()) {
+    const std::int64_t live_before = stats.allocated_bytes[0].current;
     const pressure_result r =
         run_pressure_handlers_releasing_lock(lock, make_request_locked(pool, stream, rounded));
     pinned = r.pinned;
@@ -73,7 +76,7 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
     if (r.freed > 0 && release_cached_locked() > 0) {
       if (block* b = reserve_locked(pool, stream, rounded)) return b;
     }
-    if (r.freed == 0) break;
+    if (r.freed == 0 || stats.allocated_bytes[0].current >= live_before) break;
   }
   // Step 4: wait for the frees still pending on other streams (the release below synchronises
   // the device anyway; without this, memory the caller has freed would be reported as missing),
