@@ -36,6 +36,9 @@ CPU its default is 1/16; GPT-2 and BERT train with their configs' dropout, 0.1):
   gpt2      transformers GPT2LMHeadModel(GPT2Config()), 8 x 1024 tokens
   bert      transformers BertForMaskedLM(BertConfig()), 16 x 128..512 tokens
   unet      record_torch_traces.py's U-Net, 8 x 3 x 256 x 256
+  resnet1202  (only with --models) the CIFAR ResNet of He et al. with 6 x 200 + 2 layers (3 stages of
+            200 basic blocks, 16/32/64 channels), 64 x 3 x 32 x 32, cross entropy: the deepest model
+            of the DTR prototype's evaluation (batch 64 there too)
 
 Output: <out>/torch-<model>-<device>.optrace.gz and a .json summary next to it. The trace's header
 adds timing, torch (version), batch_scale, batch (the input shapes, e.g. x:16x3x224x224,y:16), dtype,
@@ -57,7 +60,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODELS = ("mlp", "resnet50", "gpt2", "bert", "unet")
+MODELS = ("mlp", "resnet50", "gpt2", "bert", "unet")  # recorded by default
+EXTRA_MODELS = ("resnet1202",)  # on request (--models): the DTR prototype's deepest model
 
 
 # --- the trace, without torch ---------------------------------------------------------------------
@@ -275,6 +279,41 @@ def make_mlp(torch, layers=32, width=1024):
     return model, lambda m, d: mse(m(d["x"]), d["y"]), batch, f"MLP chain {layers} x Linear({width}) + ReLU"
 
 
+def make_resnet_cifar(torch, blocks_per_stage=200):
+    """He et al.'s CIFAR ResNet (6n + 2 layers, option B shortcuts: 1x1 conv + BN when the shape changes)."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.short = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                          if stride != 1 or cin != cout else nn.Identity())
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(self.bn2(self.conv2(y)) + self.short(x))
+
+    layers = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU()]
+    cin = 16
+    for cout, stride in ((16, 1), (32, 2), (64, 2)):
+        for i in range(blocks_per_stage):
+            layers.append(Block(cin, cout, stride if i == 0 else 1))
+            cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)]
+    model = nn.Sequential(*layers)
+    ce = nn.CrossEntropyLoss()
+
+    def batch(step, b=64):
+        return {"x": torch.randn(b, 3, 32, 32), "y": torch.randint(0, 10, (b,))}
+
+    depth = 6 * blocks_per_stage + 2
+    return model, lambda m, d: ce(m(d["x"]), d["y"]), batch, f"CIFAR ResNet-{depth}, 3x32x32"
+
+
 def describe_batch(batch):
     """One word for a batch's tensors: "x:16x3x224x224,y:16" (the trace header's `batch`)."""
     return ",".join(f"{k}:{'x'.join(str(int(d)) for d in v.shape)}" for k, v in batch.items())
@@ -297,7 +336,12 @@ def record_one(name, args):
     if want == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cudnn.benchmark = True
-    model, loss_fn, make_batch, description = make_mlp(torch) if name == "mlp" else make_model(name, torch)
+    if name == "mlp":
+        model, loss_fn, make_batch, description = make_mlp(torch)
+    elif name == "resnet1202":
+        model, loss_fn, make_batch, description = make_resnet_cifar(torch)
+    else:
+        model, loss_fn, make_batch, description = make_model(name, torch)
     make_batch = scaled(make_batch, scale)
     model = model.to(device).train()
 
@@ -353,7 +397,8 @@ def record_one(name, args):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.path.join(HERE, "op_traces"), help="output directory (default bench/op_traces)")
-    p.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
+    p.add_argument("--models", default=",".join(MODELS),
+                   help="comma-separated: " + ", ".join(MODELS + EXTRA_MODELS) + " (default: " + ",".join(MODELS) + ")")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--batch-scale", type=float, default=0.0, help="multiply every batch size (default 1 on a GPU, 1/16 on CPU)")
     p.add_argument("--warmup", type=int, default=1, help="unrecorded steps first (default 1)")
@@ -361,9 +406,9 @@ def parse_args(argv):
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: record this model in this process
     args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
-    unknown = [m for m in models if m not in MODELS]
+    unknown = [m for m in models if m not in MODELS + EXTRA_MODELS]
     if unknown or not models:
-        p.error(f"--models: unknown {unknown}; expected some of {', '.join(MODELS)}")
+        p.error(f"--models: unknown {unknown}; expected some of {', '.join(MODELS + EXTRA_MODELS)}")
     if args.batch_scale < 0 or args.warmup < 0:
         p.error("--batch-scale must be > 0 and --warmup >= 0")
     args.models = models
