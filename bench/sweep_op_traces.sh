@@ -1,13 +1,16 @@
 #!/bin/bash
-# Replays the five recorded torch-*-cpu op traces in spillway-evict-sim and writes the outputs here.
-# Usage: run_torch.sh SPILLWAY_SOURCE_DIR [models...]
+# Replays the recorded torch-*-cpu op traces in spillway-evict-sim, every policy and mode plus
+# three variants, and writes the tables, JSON and plots to OUT (the sweeps under bench/results/).
+# Usage: sweep_op_traces.sh SPILLWAY_SOURCE_DIR OUT [models...]   (default: mlp unet resnet50 bert gpt2)
 #   SPILLWAY_SOURCE_DIR: a clean export of the commit under test, built with
 #     cmake -S DIR -B DIR/build-optrace -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WITH_CUDA=OFF
 #     cmake --build DIR/build-optrace -j2 --target spillway_evict_sim
 # The simulator runs inside DIR (so the traces are DIR/bench/op_traces, as committed).
+# (Until 2026-11-21 this was bench/results/sim-2026-11-21/run_torch.sh, which wrote next to itself.)
 set -u
 SRC=$1; shift
-OUT=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$1"
+OUT=$(cd "$1" && pwd); shift
 SIM=$SRC/build-optrace/bench/spillway-evict-sim
 BUDGETS=1.0,0.8,0.6,0.5,0.4,0.3
 cd "$SRC"
