@@ -146,6 +146,18 @@ struct case_result {
   std::size_t candidates_first = 0, candidates_last = 0;
 };
 
+// Median and tail of per-call times (sorts `ns`; it must not be empty).
+void set_percentiles(case_result& r, std::vector<double>& ns) {
+  std::sort(ns.begin(), ns.end());
+  const auto at = [&](double q) {
+    return ns[static_cast<std::size_t>(q * static_cast<double>(ns.size() - 1) + 0.5)];
+  };
+  r.median_ns = at(0.5);
+  r.p10_ns = at(0.1);
+  r.p90_ns = at(0.9);
+  r.p99_ns = at(0.99);
+}
+
 using steady = std::chrono::steady_clock;
 
 double ns_between(steady::time_point a, steady::time_point b) {
@@ -176,12 +188,7 @@ case_result run_case(const case_spec& spec, synthetic_view& view, std::size_t ca
   r.mean_ns = ns_between(start, end) / static_cast<double>(calls);
   r.at_per_call = static_cast<double>(view.at_calls) / static_cast<double>(calls);
   r.lookups_per_call = static_cast<double>(view.lookups) / static_cast<double>(calls);
-  std::sort(ns.begin(), ns.end());
-  auto at = [&](double q) { return ns[static_cast<std::size_t>(q * static_cast<double>(ns.size() - 1) + 0.5)]; };
-  r.median_ns = at(0.5);
-  r.p10_ns = at(0.1);
-  r.p90_ns = at(0.9);
-  r.p99_ns = at(0.99);
+  set_percentiles(r, ns);
   return r;
 }
 
@@ -293,12 +300,7 @@ case_result run_engine_case(const std::string& name, const std::string& policy, 
     r.calls = ns.size();
     if (!ns.empty()) {
       r.mean_ns = std::accumulate(ns.begin(), ns.end(), 0.0) / static_cast<double>(ns.size());
-      std::sort(ns.begin(), ns.end());
-      auto at = [&](double q) { return ns[static_cast<std::size_t>(q * static_cast<double>(ns.size() - 1) + 0.5)]; };
-      r.median_ns = at(0.5);
-      r.p10_ns = at(0.1);
-      r.p90_ns = at(0.9);
-      r.p99_ns = at(0.99);
+      set_percentiles(r, ns);
     }
   }
   sim->destroy_stream(stream);
