@@ -1,7 +1,7 @@
 // test_allocator_expandable: expandable (VMM) segments, run against every backend with VMM: one
 // segment per (pool, stream) grows in place in whole granules; a used-up address range is followed
-// by another; empty_cache gives back the free tail (not free middles) and synchronises only when
-// something is released; a growing workload peaks lower than with fixed segments; a backend
+// by another; a release unmaps the whole granules of free blocks anywhere (holes, which growth
+// maps again) and synchronises only when something is released; a growing workload peaks lower than with fixed segments; a backend
 // without VMM ignores the option with a warning. See Note [Expandable segments].
 #include <doctest/doctest.h>
 
@@ -161,40 +161,125 @@ TEST_CASE_TEMPLATE("expandable: reserved grows in whole granules, only as far as
   CHECK(alloc.stats().reserved_bytes[0].current == 0);
 }
 
-TEST_CASE_TEMPLATE("expandable: empty_cache unmaps the free tail, not free middles", B, SPILLWAY_ALL_BACKENDS) {
+TEST_CASE_TEMPLATE("expandable: empty_cache unmaps free middles as holes that growth maps again", B, SPILLWAY_ALL_BACKENDS) {
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  SKIP_WITHOUT_VMM(env);
+  const std::size_t g = env.backend->vmm_granularity();
+  device_allocator alloc(env.backend, expandable_config(env));
+  const auto reserved = [&] { return static_cast<std::size_t>(alloc.stats().reserved_bytes[0].current); };
+
+  char* a = static_cast<char*>(alloc.allocate(2 * g));
+  void* b = alloc.allocate(g);
+  void* c = alloc.allocate(3 * g);
+  alloc.deallocate(b);  // a free middle
+  CHECK(alloc.empty_cache() == g);
+  CHECK(reserved() == 5 * g);
+  // Two runs of mapped memory, reported as two segments (as PyTorch does) and counted as two.
+  memory_snapshot snap = alloc.snapshot();
+  REQUIRE(snap.segments.size() == 2);
+  CHECK(snap.segments[0].address == reinterpret_cast<std::uintptr_t>(a));
+  CHECK(snap.segments[0].total_size == 2 * g);
+  CHECK(snap.segments[1].address == reinterpret_cast<std::uintptr_t>(c));
+  CHECK(alloc.stats().segment[0].current == 2);
+  CHECK(alloc.describe(c).segment_base == a);  // still one address range
+  check_consistent(alloc);
+
+  // A request the hole serves maps it again, in place; the runs join.
+  void* d = alloc.allocate(g);
+  CHECK(d == b);
+  CHECK(reserved() == 6 * g);
+  CHECK(alloc.snapshot().segments.size() == 1);
+  CHECK(alloc.stats().segment[0].current == 1);
+  check_consistent(alloc);
+
+  // One the hole cannot serve grows the top of the range instead.
+  alloc.deallocate(d);
+  CHECK(alloc.empty_cache() == g);
+  void* e = alloc.allocate(2 * g);
+  CHECK(e == a + 6 * g);
+  CHECK(reserved() == 7 * g);
+  check_consistent(alloc);
+
+  // Freeing everything above the hole cuts the range back to a's granules.
+  alloc.deallocate(c);
+  alloc.deallocate(e);
+  CHECK(alloc.empty_cache() == 5 * g);
+  snap = alloc.snapshot();
+  REQUIRE(snap.segments.size() == 1);
+  CHECK(snap.segments[0].total_size == 2 * g);
+  CHECK(alloc.describe(a).segment_size == 2 * g);
+  check_consistent(alloc);
+  void* f = alloc.allocate(g);  // grows from where it stopped
+  CHECK(f == a + 2 * g);
+  alloc.deallocate(f);
+  alloc.deallocate(a);
+  CHECK(alloc.empty_cache() == 3 * g);
+  CHECK(alloc.snapshot().segments.empty());
+  CHECK(alloc.stats().segment[0].current == 0);
+  CHECK(reserved() == 0);
+  check_consistent(alloc);
+}
+
+TEST_CASE_TEMPLATE("expandable: partial granules of a free block stay mapped around its hole", B, SPILLWAY_ALL_BACKENDS) {
   SPILLWAY_BACKEND_OR_SKIP(B, env);
   SKIP_WITHOUT_VMM(env);
   const std::size_t g = env.backend->vmm_granularity();
   device_allocator alloc(env.backend, expandable_config(env));
 
-  void* a = alloc.allocate(2 * g);
-  void* b = alloc.allocate(g);
-  void* c = alloc.allocate(3 * g);
-  alloc.deallocate(b);  // a free middle
-  CHECK(alloc.empty_cache() == 0);
-  CHECK(alloc.stats().reserved_bytes[0].current == static_cast<std::int64_t>(6 * g));
-
-  alloc.deallocate(c);  // the free tail is now b + c
-  const std::int64_t frees = alloc.stats().num_device_free;
-  CHECK(alloc.empty_cache() == 4 * g);
-  CHECK(alloc.stats().num_device_free > frees);
+  // Large-pool sizes (over 1 MiB) whose remainders are split off (over 1 MiB for g >= 2 MiB).
+  const std::size_t quarter = g / 4;
+  char* p = static_cast<char*>(alloc.allocate(5 * quarter));
+  void* q = alloc.allocate(2 * g);  // [5/4 g, 13/4 g): one whole granule, [2g, 3g), inside
+  void* r = alloc.allocate(5 * quarter);
+  CHECK(q == p + 5 * quarter);
+  CHECK(r == p + 13 * quarter);
+  alloc.deallocate(q);
+  CHECK(alloc.empty_cache() == g);
   memory_snapshot snap = alloc.snapshot();
-  REQUIRE(snap.segments.size() == 1);
-  CHECK(snap.segments[0].total_size == 2 * g);
-  REQUIRE(snap.segments[0].blocks.size() == 1);
-  CHECK(snap.segments[0].blocks[0].address == reinterpret_cast<std::uintptr_t>(a));
-  CHECK(alloc.stats().reserved_bytes[0].current == static_cast<std::int64_t>(2 * g));
+  REQUIRE(snap.segments.size() == 2);
+  REQUIRE(snap.segments[0].blocks.size() == 2);
+  CHECK(snap.segments[0].blocks[1].address == reinterpret_cast<std::uintptr_t>(q));
+  CHECK(snap.segments[0].blocks[1].size == 3 * quarter);  // the partial granule below the hole
+  CHECK(snap.segments[1].address == reinterpret_cast<std::uintptr_t>(p + 3 * g));
+  CHECK(snap.segments[1].blocks[0].size == quarter);      // and the one above
   check_consistent(alloc);
 
-  // It grows again from where it stopped.
-  void* d = alloc.allocate(g);
-  CHECK(static_cast<char*>(d) == static_cast<char*>(a) + 2 * g);
-  alloc.deallocate(d);
-  alloc.deallocate(a);
-  CHECK(alloc.empty_cache() == 3 * g);
-  CHECK(alloc.snapshot().segments.empty());
-  CHECK(alloc.stats().segment[0].current == 0);
+  // The hole and the free pieces beside it serve the same request again, mapping one granule.
+  void* q2 = alloc.allocate(2 * g);
+  CHECK(q2 == q);
+  CHECK(alloc.stats().reserved_bytes[0].current == static_cast<std::int64_t>(5 * g));
+  CHECK(alloc.snapshot().segments.size() == 1);
   check_consistent(alloc);
+  for (void* x : {static_cast<void*>(p), q2, r}) alloc.deallocate(x);
+}
+
+TEST_CASE_TEMPLATE("expandable: memory freed in the middle serves a larger request within the budget", B, SPILLWAY_ALL_BACKENDS) {
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  SKIP_WITHOUT_VMM(env);
+  const std::size_t g = env.backend->vmm_granularity();
+  allocator_config cfg = expandable_config(env);
+  cfg.budget = 7 * g;
+  device_allocator alloc(env.backend, cfg);
+
+  void* a = alloc.allocate(2 * g);
+  void* b = alloc.allocate(2 * g);
+  void* c = alloc.allocate(2 * g);
+  void* d = alloc.allocate(g);  // the budget is used up; d keeps the top of the range
+  alloc.deallocate(a);
+  alloc.deallocate(c);
+  // 4 granules are free, but no 3 of them are adjacent: the allocator unmaps both holes and maps
+  // 3 granules at the top, without exceeding the budget.
+  void* big = alloc.allocate(3 * g);
+  CHECK(static_cast<char*>(big) == static_cast<char*>(d) + g);
+  CHECK(alloc.stats().reserved_bytes[0].current == static_cast<std::int64_t>(6 * g));
+  CHECK(alloc.stats().reserved_bytes[0].peak <= static_cast<std::int64_t>(7 * g));
+  check_consistent(alloc);
+  // Beyond what even the holes give back, it fails, and nothing changes.
+  const memory_stats before = alloc.stats();
+  CHECK_THROWS_AS(alloc.allocate(2 * g), out_of_memory);
+  CHECK(alloc.stats().allocated_bytes[0].current == before.allocated_bytes[0].current);
+  check_consistent(alloc);
+  for (void* x : {b, d, big}) alloc.deallocate(x);
 }
 
 TEST_CASE_TEMPLATE("expandable: a growing workload peaks lower than with fixed segments", B, SPILLWAY_ALL_BACKENDS) {

@@ -273,14 +273,16 @@ class model_run {
   }
 
   // After a release (empty_cache, a trimmed budget), no fully free fixed segment is left, and no
-  // expandable segment keeps a whole free granule at its tail.
+  // free block of an expandable segment holds a whole granule.
   void check_no_releasable_memory(const char* when) {
     const std::size_t g = env_->backend->vmm_granularity();
     for (const segment_info& seg : alloc_->snapshot().segments) {
       INFO(std::string(when) << ": segment " << seg.address);
       const block_info& last = seg.blocks.back();
       if (seg.is_expandable) {
-        if (!last.active()) CHECK(sc::round_up(last.address, g) >= last.address + last.size);
+        for (const block_info& b : seg.blocks) {
+          if (!b.active()) CHECK(sc::round_up(b.address, g) + g > b.address + b.size);
+        }
       } else {
         CHECK_FALSE((seg.blocks.size() == 1 && !last.active()));
       }
@@ -295,17 +297,47 @@ class model_run {
     return -1;
   }
 
-  // The bytes a reservation for `rounded` on (pool, stream) would need now.
+  // The bytes a reservation for `rounded` on (pool, stream) would need now. Expandable: the
+  // fewest granules any growth maps, at the top of a range (after its free tail) or in a hole
+  // between two runs of one range (with the free blocks beside it). Runs are placed in their range
+  // by describe() of an allocation in them; a run with none is not taken as a hole's side, which
+  // can only overstate the need (the check that uses it stays sound).
   std::size_t needed_for(const memory_snapshot& snap, std::size_t rounded, stream_ref s) const {
     if (!rc_.expandable) return sc::min_segment_size(rounded);
     const std::size_t g = env_->backend->vmm_granularity();
+    struct run {
+      const segment_info* seg;
+      const void* range;  // nullptr: unknown
+    };
+    std::vector<run> runs;
     for (const segment_info& seg : snap.segments) {
       if (seg.stream != s || seg.is_large == sc::is_small(rounded)) continue;
-      const block_info& tail = seg.blocks.back();
-      const std::size_t have = tail.active() ? 0 : tail.size;
-      return sc::round_up(rounded - have, g);
+      const void* range = nullptr;
+      for (const block_info& b : seg.blocks) {
+        if (b.allocated()) {
+          range = alloc_->describe(reinterpret_cast<void*>(b.address)).segment_base;
+          break;
+        }
+      }
+      runs.push_back({&seg, range});
     }
-    return sc::round_up(rounded, g);
+    if (runs.empty()) return sc::round_up(rounded, g);
+    const auto free_size = [](const block_info& b) { return b.active() ? std::size_t{0} : b.size; };
+    std::size_t need = sc::round_up(rounded - std::min(rounded, free_size(runs.back().seg->blocks.back())), g);
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      const bool top = i + 1 == runs.size() || runs[i + 1].range != runs[i].range || runs[i].range == nullptr;
+      const std::size_t before = free_size(runs[i].seg->blocks.back());
+      if (top) {
+        need = std::min(need, sc::round_up(rounded - std::min(rounded, before), g));
+        continue;
+      }
+      const segment_info& a = *runs[i].seg;
+      const segment_info& b = *runs[i + 1].seg;
+      const std::size_t hole = b.address - (a.address + a.total_size);
+      if (before + hole + free_size(b.blocks.front()) < rounded) continue;
+      need = std::min(need, std::min(hole, sc::round_up(rounded - std::min(rounded, before), g)));
+    }
+    return need;
   }
 
   void check_oom_is_legitimate(std::size_t n, stream_ref s, const out_of_memory& e) {

@@ -2,11 +2,14 @@
 //
 // A segment is one contiguous range of device memory: a cudaMalloc'd region, or the mapped prefix
 // of an expandable (VMM) address range. Its blocks tile it exactly, linked in address order through
-// prev/next (Note [Block tiling] in docs/design.md). A block is in exactly one of three states:
+// prev/next (Note [Block tiling] in docs/design.md). A block is in exactly one of four states:
 //
 //   free          in its pool's free tree (pool_hook linked), usable by allocations on its stream
 //   allocated     handed to a caller, in the live table (live_hook linked)
 //   pending_free  freed by the caller, waiting for events on streams recorded with record_stream
+//   unmapped      expandable segments only: whole granules given back to the device, in its
+//                 segment's hole tree (pool_hook linked), not in a free tree: only growth maps
+//                 it again (Note [Expandable segments])
 //
 // Blocks and segments are allocated from object pools owned by the device allocator, so splitting
 // and coalescing never call malloc.
@@ -27,10 +30,10 @@ namespace bi = boost::intrusive;
 
 struct segment;
 
-enum class block_status : std::uint8_t { free, allocated, pending_free };
+enum class block_status : std::uint8_t { free, allocated, pending_free, unmapped };
 
 struct block {
-  bi::set_member_hook<bi::link_mode<bi::normal_link>> pool_hook;            // free tree
+  bi::set_member_hook<bi::link_mode<bi::normal_link>> pool_hook;            // free or hole tree
   bi::unordered_set_member_hook<bi::link_mode<bi::normal_link>> live_hook;  // live table
 
   std::uintptr_t address = 0;
@@ -48,17 +51,28 @@ struct block {
   void* ptr() const noexcept { return reinterpret_cast<void*>(address); }
 };
 
+// The unmapped blocks of an expandable segment, by address.
+struct block_address_order {
+  bool operator()(const block& a, const block& b) const noexcept { return a.address < b.address; }
+};
+using hole_tree =
+    bi::set<block, bi::member_hook<block, decltype(block::pool_hook), &block::pool_hook>,
+            bi::compare<block_address_order>, bi::constant_time_size<true>>;
+
 struct segment {
   bi::list_member_hook<bi::link_mode<bi::normal_link>> list_hook;  // the device's segment list
 
   std::uintptr_t address = 0;
-  std::size_t size = 0;             // bytes backed by memory (an expandable segment: mapped prefix)
+  std::size_t size = 0;             // bytes its blocks tile (expandable: holes included; the
+                                    // address range after them is unmapped)
   std::size_t address_range = 0;    // expandable: bytes of address space reserved, else == size
   bool small = false;               // serves the small pool
   bool expandable = false;
   stream_ref stream;
   block* first = nullptr;           // lowest-address block; nullptr only for an empty expandable one
-  block* tail = nullptr;            // highest-address block, kept in step by split/coalesce/grow
+  block* tail = nullptr;            // highest-address block, kept in step by split/coalesce/grow;
+                                    // never unmapped (an unmapped tail shrinks `size` instead)
+  hole_tree holes;                  // expandable: its unmapped blocks
 
   block* last() const noexcept { return tail; }
   bool fully_free() const noexcept;

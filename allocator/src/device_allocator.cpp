@@ -160,10 +160,15 @@ void device_allocator::impl::free_block_locked(block* b) noexcept {
   block_pool& pool = pool_of(b);
   update_active_stats(stats, pool, -1, static_cast<std::int64_t>(b->size),
                       static_cast<std::int64_t>(b->requested_size));
-  b->status = block_status::free;
   b->requested_size = 0;
   b->stream_uses.clear();
+  insert_free_locked(b);
+}
 
+// Marks b free and puts it in its pool, merged with its free neighbours (not unmapped ones).
+void device_allocator::impl::insert_free_locked(block* b) noexcept {
+  block_pool& pool = pool_of(b);
+  b->status = block_status::free;
   if (block* p = b->prev; p != nullptr && p->status == block_status::free) {
     pool.erase(p);
     b->address = p->address;
@@ -268,7 +273,10 @@ device_allocator::~device_allocator() {
     detail::segment& seg = m.segments.front();
     m.segments.pop_front();
     if (seg.expandable) {
-      if (seg.size > 0) m.backend->unmap_physical(reinterpret_cast<void*>(seg.address), seg.size);
+      seg.holes.clear();
+      for (const detail::block* b = seg.first; b != nullptr; b = b->next) {
+        if (b->status != block_status::unmapped) m.backend->unmap_physical(b->ptr(), b->size);
+      }
       m.backend->release_address_range(reinterpret_cast<void*>(seg.address), seg.address_range);
     } else {
       m.backend->release_segment(reinterpret_cast<void*>(seg.address), seg.size);

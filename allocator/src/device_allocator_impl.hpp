@@ -65,6 +65,7 @@ struct device_allocator::impl {
   void take_block_locked(detail::block_pool& pool, detail::block* b, std::size_t rounded,
                          std::size_t requested);
   void free_block_locked(detail::block* b) noexcept;
+  void insert_free_locked(detail::block* b) noexcept;
   void defer_free_locked(detail::block* b) noexcept;
   std::size_t reserved_locked() const noexcept {
     return static_cast<std::size_t>(stats.reserved_bytes[0].current);
@@ -89,7 +90,10 @@ struct device_allocator::impl {
                                        std::size_t rounded) const;
   std::size_t release_cached_locked();
   void release_segment_locked(detail::segment* seg) noexcept;
-  std::size_t unmap_free_tail_locked(detail::segment* seg) noexcept;
+  detail::block* map_hole_locked(detail::block_pool& pool, stream_ref stream, std::size_t rounded);
+  std::size_t unmap_free_pages_locked(detail::segment* seg) noexcept;
+  std::size_t unmap_block_locked(detail::block*& b) noexcept;
+  std::pair<std::uintptr_t, std::size_t> free_granules(const detail::block* b) const noexcept;
   budget_report set_budget_releasing_lock(std::unique_lock<std::mutex>& lock, std::size_t bytes,
                                   bool strict);
   bool fits_budget_locked(std::size_t more) const noexcept {

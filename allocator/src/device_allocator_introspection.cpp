@@ -99,30 +99,39 @@ memory_snapshot device_allocator::snapshot() const {
   memory_snapshot snap;
   snap.segments.reserve(m.segments_by_address.size());
   for (const auto& [address, seg] : m.segments_by_address) {
-    if (seg->size == 0) continue;  // an expandable range with nothing mapped
-    segment_info info;
-    info.device = m.device;
-    info.address = seg->address;
-    info.total_size = seg->size;
-    info.stream = seg->stream;
-    info.is_large = !seg->small;
-    info.is_expandable = seg->expandable;
-    for (const block* b = seg->first; b != nullptr; b = b->next) {
-      block_info bi;
-      bi.address = b->address;
-      bi.size = b->size;
-      bi.requested_size = b->requested_size;
-      bi.state = b->status == block_status::free        ? block_state::inactive
-                 : b->status == block_status::allocated ? block_state::active_allocated
-                                                        : block_state::active_pending_free;
-      if (bi.allocated()) info.allocated_size += b->size;
-      if (bi.active()) {  // PyTorch sums requested sizes over active blocks
-        info.active_size += b->size;
-        info.requested_size += b->requested_size;
+    // One segment_info per run of mapped blocks: a plain segment is one run; an expandable one
+    // has as many as its holes (unmapped blocks) leave (PyTorch reports them the same way).
+    for (const block* head = seg->first; head != nullptr;) {
+      if (head->status == block_status::unmapped) {
+        head = head->next;
+        continue;
       }
-      info.blocks.push_back(bi);
+      segment_info info;
+      info.device = m.device;
+      info.address = head->address;
+      info.stream = seg->stream;
+      info.is_large = !seg->small;
+      info.is_expandable = seg->expandable;
+      const block* b = head;
+      for (; b != nullptr && b->status != block_status::unmapped; b = b->next) {
+        block_info bi;
+        bi.address = b->address;
+        bi.size = b->size;
+        bi.requested_size = b->requested_size;
+        bi.state = b->status == block_status::free        ? block_state::inactive
+                   : b->status == block_status::allocated ? block_state::active_allocated
+                                                          : block_state::active_pending_free;
+        info.total_size += b->size;
+        if (bi.allocated()) info.allocated_size += b->size;
+        if (bi.active()) {  // PyTorch sums requested sizes over active blocks
+          info.active_size += b->size;
+          info.requested_size += b->requested_size;
+        }
+        info.blocks.push_back(bi);
+      }
+      snap.segments.push_back(std::move(info));
+      head = b;
     }
-    snap.segments.push_back(std::move(info));
   }
   return snap;
 }
@@ -153,7 +162,8 @@ std::size_t device_allocator::coalesced_size_if_freed(const void* ptr) const noe
   // Pending frees become free once their events complete (the pressure path waits for them), so
   // they count: evicting several neighbours in a row builds one range.
   const auto reclaimable = [](const block* n) {
-    return n != nullptr && n->status != block_status::allocated;
+    return n != nullptr &&
+           (n->status == block_status::free || n->status == block_status::pending_free);
   };
   std::size_t size = b->size;
   for (const block* n = b->prev; reclaimable(n); n = n->prev) size += n->size;

@@ -193,12 +193,14 @@ block* device_allocator::impl::reserve_segment_locked(block_pool& pool, stream_r
   return b;
 }
 
-// Note [Expandable segments]: one address range per (pool, stream), mapped from the bottom up;
-// growth maps granules after the last block, extending it if it is free. A new range is linked
-// and counted only once its first pages are mapped: a growth that fails (budget, device) leaves no
+// Note [Expandable segments]: one address range per (pool, stream). Growth first maps a hole
+// (granules unmapped by a release) that, with the free blocks beside it, spans the request; else
+// it maps granules after the last block, extending it if it is free. A new range is linked and
+// counted only once its first pages are mapped: a growth that fails (budget, device) leaves no
 // empty segment behind, so out_of_memory changes nothing.
 block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_ref stream,
                                                       std::size_t rounded) {
+  if (block* b = map_hole_locked(pool, stream, rounded)) return b;
   // The (pool, stream) segment whose address range still has room for this growth; a new range
   // when every one is used up (normally there is one per (pool, stream)).
   segment* seg = nullptr;
@@ -281,6 +283,75 @@ block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_r
   return fresh;
 }
 
+namespace {
+std::size_t free_size(const block* b) noexcept {
+  return b != nullptr && b->status == block_status::free ? b->size : 0;
+}
+}  // namespace
+
+// The hole of a (pool, stream) expandable segment that serves `rounded` with the fewest new
+// granules (the lowest address on ties) is mapped, as far as the request needs, and merged with
+// the free blocks beside it. nullptr: no hole spans the request, or its granules exceed the budget.
+block* device_allocator::impl::map_hole_locked(block_pool& pool, stream_ref stream,
+                                               std::size_t rounded) {
+  block* hole = nullptr;
+  std::size_t grow = 0;
+  for (segment& s : segments) {
+    if (!s.expandable || s.holes.empty() || s.small != pool.small() || s.stream != stream) continue;
+    for (block& h : s.holes) {
+      const std::size_t before = free_size(h.prev);
+      if (before + h.size + free_size(h.next) < rounded) continue;
+      // The allocation starts at the free block before the hole (best_fit found none that fits).
+      const std::size_t need =
+          std::min(h.size, size_classes::round_up(rounded - std::min(rounded, before), granularity));
+      if (hole == nullptr || need < grow) {
+        hole = &h;
+        grow = need;
+      }
+    }
+  }
+  if (hole == nullptr || grow == 0 || !fits_budget_locked(grow)) return nullptr;
+
+  segment& seg = *hole->seg;
+  const bool whole = grow == hole->size;
+  block* mapped = whole ? hole : block_records.make();  // may throw: nothing has changed yet
+  bool ok = false;
+  {
+    undo_on_throw guard{[&] {
+      if (mapped != hole) block_records.recycle(mapped);
+    }};
+    ok = backend->map_physical(hole->ptr(), grow);
+  }
+  if (!ok) {
+    if (mapped != hole) block_records.recycle(mapped);
+    return nullptr;
+  }
+  count_segment_locked(seg, +1, grow);
+  // Mapped runs (what stats.segment counts): a hole with a mapped block before it joins that run;
+  // one mapped whole also joins the run after it.
+  const int runs = (hole->prev != nullptr ? 0 : 1) - (whole ? 1 : 0);
+  for (int i : {0, pool.small() ? 1 : 2}) {
+    if (runs > 0) stats.segment[i].increase(runs);
+    if (runs < 0) stats.segment[i].decrease(-runs);
+  }
+  if (whole) {
+    seg.holes.erase(seg.holes.iterator_to(*hole));
+  } else {  // the low granules are mapped; the hole keeps the rest (its place in the tree holds)
+    mapped->address = hole->address;
+    mapped->size = grow;
+    mapped->stream = hole->stream;
+    mapped->seg = &seg;
+    mapped->prev = hole->prev;
+    mapped->next = hole;
+    if (hole->prev != nullptr) hole->prev->next = mapped; else seg.first = mapped;
+    hole->prev = mapped;
+    hole->address += grow;
+    hole->size -= grow;
+  }
+  insert_free_locked(mapped);  // merges with the free blocks beside it
+  return mapped;
+}
+
 // --- step 3: pressure handlers ----------------------------------------------------------------------
 
 pressure_request device_allocator::impl::make_request_locked(const block_pool& pool,
@@ -336,13 +407,14 @@ std::size_t device_allocator::impl::release_cached_locked() {
   // segment free. A stream that cannot be waited for (a held sim stream) keeps its blocks pending.
   if (pending_count > 0) await_pending_frees_locked(/*all=*/true);
   // Synchronise only if something will be released: a whole free segment, an empty expandable
-  // range, or a free expandable tail holding at least one whole granule.
+  // range, or a free block of an expandable one holding at least one whole granule.
   const auto releasable = [this](const segment& s) {
     if (!s.expandable) return s.fully_free();
-    const block* tail = s.last();
-    return tail == nullptr || (tail->status == block_status::free &&
-                               size_classes::round_up(tail->address, granularity) <
-                                   s.address + s.size);
+    if (s.first == nullptr) return true;
+    for (const block* b = s.first; b != nullptr; b = b->next) {
+      if (b->status == block_status::free && free_granules(b).second > 0) return true;
+    }
+    return false;
   };
   if (std::none_of(segments.begin(), segments.end(), releasable)) return 0;
   try {
@@ -357,7 +429,7 @@ std::size_t device_allocator::impl::release_cached_locked() {
   for (auto it = segments.begin(); it != segments.end();) {
     segment* seg = &*it++;
     if (seg->expandable) {
-      released += unmap_free_tail_locked(seg);
+      released += unmap_free_pages_locked(seg);
     } else if (seg->fully_free()) {
       released += seg->size;
       release_segment_locked(seg);
@@ -371,45 +443,132 @@ void device_allocator::impl::release_segment_locked(segment* seg) noexcept {
     pool_of(seg->first).erase(seg->first);
     block_records.recycle(seg->first);
   }
-  if (seg->expandable) {
+  if (seg->expandable) {  // nothing is mapped; unmap_free_pages_locked counted its runs
     backend->release_address_range(reinterpret_cast<void*>(seg->address), seg->address_range);
   } else {
     backend->release_segment(reinterpret_cast<void*>(seg->address), seg->size);
     count_segment_locked(*seg, -1, seg->size);
+    for (int i : {0, seg->small ? 1 : 2}) stats.segment[i].decrease(1);
   }
-  for (int i : {0, seg->small ? 1 : 2}) stats.segment[i].decrease(1);
   segments.erase(segments.iterator_to(*seg));
   segments_by_address.erase(seg->address);
   segment_records.recycle(seg);
 }
 
-// Unmaps the whole granules of a free tail block; an expandable segment with nothing mapped left
-// gives its address range back too.
-std::size_t device_allocator::impl::unmap_free_tail_locked(segment* seg) noexcept {
-  block* tail = seg->last();
-  std::size_t released = 0;
-  if (tail != nullptr && tail->status == block_status::free) {
-    const std::uintptr_t end = seg->address + seg->size;
-    const std::uintptr_t cut = size_classes::round_up(tail->address, granularity);
-    if (cut < end) {
-      block_pool& pool = pool_of(tail);
-      pool.erase(tail);
-      backend->unmap_physical(reinterpret_cast<void*>(cut), end - cut);
-      released = end - cut;
-      count_segment_locked(*seg, -1, released);
-      seg->size = cut - seg->address;
-      if (cut == tail->address) {
-        if (tail->prev != nullptr) tail->prev->next = nullptr; else seg->first = nullptr;
-        seg->tail = tail->prev;
-        block_records.recycle(tail);
-      } else {
-        tail->size = cut - tail->address;
-        pool.insert(tail);
-      }
+// The whole granules inside a block: (first address, bytes); bytes is 0 when there are none.
+std::pair<std::uintptr_t, std::size_t> device_allocator::impl::free_granules(
+    const block* b) const noexcept {
+  const std::uintptr_t lo = size_classes::round_up(b->address, granularity);
+  const std::uintptr_t hi = (b->address + b->size) / granularity * granularity;
+  return {lo, hi > lo ? hi - lo : 0};
+}
+
+namespace {
+// What stats.segment counts for an expandable segment: its maximal runs of mapped blocks (one
+// per segment in snapshot()).
+std::int64_t mapped_runs(const segment& seg) noexcept {
+  std::int64_t runs = 0;
+  for (const block* b = seg.first; b != nullptr; b = b->next) {
+    if (b->status != block_status::unmapped &&
+        (b->prev == nullptr || b->prev->status == block_status::unmapped)) {
+      ++runs;
     }
   }
-  if (seg->size == 0) release_segment_locked(seg);
+  return runs;
+}
+}  // namespace
+
+// Unmaps the whole granules of every free block of an expandable segment: each becomes a hole
+// (merged with holes beside it), leaving the partial granules at its ends as smaller free blocks.
+// A hole at the top is cut off the segment; a segment with nothing mapped gives its address range
+// back. Returns the bytes unmapped. See Note [Expandable segments].
+std::size_t device_allocator::impl::unmap_free_pages_locked(segment* seg) noexcept {
+  const std::int64_t runs_before = mapped_runs(*seg);
+  std::size_t released = 0;
+  for (block* b = seg->first; b != nullptr; b = b->next) {
+    if (b->status == block_status::free) released += unmap_block_locked(b);  // b: its last piece
+  }
+  if (block* top = seg->tail; top != nullptr && top->status == block_status::unmapped) {
+    seg->holes.erase(seg->holes.iterator_to(*top));
+    seg->size = top->address - seg->address;
+    seg->tail = top->prev;
+    if (top->prev != nullptr) top->prev->next = nullptr; else seg->first = nullptr;
+    block_records.recycle(top);
+  }
+  const std::int64_t runs = mapped_runs(*seg) - runs_before;
+  for (int i : {0, seg->small ? 1 : 2}) {
+    if (runs > 0) stats.segment[i].increase(runs);
+    if (runs < 0) stats.segment[i].decrease(-runs);
+  }
+  if (seg->first == nullptr) release_segment_locked(seg);
   return released;
+}
+
+// Unmaps the whole granules inside free block b; the partial granules before and after them stay
+// mapped, as free blocks of their own. Returns the bytes unmapped (0 when b holds no whole granule
+// or no record could be made for a piece: then nothing changed) and leaves b at the highest of the
+// blocks it became (records of merged holes are recycled).
+std::size_t device_allocator::impl::unmap_block_locked(block*& b) noexcept {
+  const auto [lo, bytes] = free_granules(b);
+  if (bytes == 0) return 0;
+  const std::uintptr_t end = b->address + b->size;
+  block* hole = nullptr;
+  block* after = nullptr;
+  try {
+    hole = lo > b->address ? block_records.make() : b;
+    after = lo + bytes < end ? block_records.make() : nullptr;
+  } catch (...) {
+    if (hole != nullptr && hole != b) block_records.recycle(hole);
+    return 0;
+  }
+  segment& seg = *b->seg;
+  block_pool& pool = pool_of(b);
+  pool.erase(b);
+  backend->unmap_physical(reinterpret_cast<void*>(lo), bytes);
+  count_segment_locked(seg, -1, bytes);
+  // Pieces, in address order: [b: free, the partial granule below] hole [after: free, above].
+  const auto link_after = [&seg](block* left, block* piece) {
+    piece->stream = left->stream;
+    piece->seg = left->seg;
+    piece->prev = left;
+    piece->next = left->next;
+    if (left->next != nullptr) left->next->prev = piece; else seg.tail = piece;
+    left->next = piece;
+  };
+  if (hole != b) {
+    link_after(b, hole);
+    b->size = lo - b->address;
+    pool.insert(b);
+  }
+  hole->address = lo;
+  hole->size = bytes;
+  hole->status = block_status::unmapped;
+  if (after != nullptr) {
+    link_after(hole, after);
+    after->address = lo + bytes;
+    after->size = end - after->address;
+    after->status = block_status::free;
+    pool.insert(after);
+  }
+  // Holes beside it (possible only where no partial granule separates them) absorb it.
+  if (block* p = hole->prev; p != nullptr && p->status == block_status::unmapped) {
+    p->size += hole->size;
+    p->next = hole->next;
+    if (hole->next != nullptr) hole->next->prev = p; else seg.tail = p;
+    block_records.recycle(hole);
+    hole = p;
+  } else {
+    seg.holes.insert(*hole);
+  }
+  if (block* n = hole->next; n != nullptr && n->status == block_status::unmapped) {
+    seg.holes.erase(seg.holes.iterator_to(*n));
+    hole->size += n->size;
+    hole->next = n->next;
+    if (n->next != nullptr) n->next->prev = hole; else seg.tail = hole;
+    block_records.recycle(n);
+  }
+  b = after != nullptr ? after : hole;
+  return bytes;
 }
 
 // --- budgets -----------------------------------------------------------------------------------------
