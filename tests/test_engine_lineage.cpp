@@ -13,7 +13,8 @@
 // the old node retires; remove_node releases a node that has no output at once (freeing the forgotten
 // inputs only it held) and one with outputs with its last; the staleness clock advances by the cost
 // of each node a recompute runs, so buffers made early in one recompute are staler than later ones. pin_all, and a recompute's own inputs, pin the resident buffers first, so
-// that bringing back one never evicts another; a pin_all that fails leaves no pin.
+// that bringing back one never evicts another; a pin_all that fails leaves no pin; a recompute
+// plan lets the outputs it holds for later nodes go when a node would not fit otherwise.
 #include <doctest/doctest.h>
 
 #include <optional>
@@ -140,6 +141,33 @@ TEST_CASE("the inputs of a recompute stay pinned: with nothing else to evict, pi
   g.expect(x);
   env.sim->run_until_idle();
   env.check_clean();
+}
+
+TEST_CASE("a recompute plan lets its held outputs go when a node would not fit otherwise") {
+  // x1 = f(x0), x2 = g(x1), x3 = k(x2), x4 = h(x1, x3), all dropped, in one 2 MiB small segment.
+  // Rematerialising x4 runs f, g, k, h and holds x1 from f until h reads it. At k, x0 (256 KiB,
+  // no lineage, spilling off) + x1 (512) + x2 (1024, k's input) + x3 (512) exceed 2 MiB: the plan
+  // lets x1 go, it is dropped for x3, and h rematerialises it again (x2, done with, makes room).
+  engine_options o;
+  o.engine.allow_spill = false;
+  engine_env env(o);
+  lineage_graph g(env);
+  const buffer_id x0 = g.source(256 * KiB);
+  const buffer_id x1 = g.node({x0}, {512 * KiB})[0];
+  const buffer_id x2 = g.node({x1}, {MiB})[0];
+  const buffer_id x3 = g.node({x2}, {512 * KiB})[0];
+  const buffer_id x4 = g.node({x1, x3}, {256 * KiB})[0];
+  env.sim->run_until_idle();
+  for (buffer_id id : {x1, x2, x3, x4}) drop(env.eng(), id);
+  env.alloc->set_budget(2 * MiB);
+  REQUIRE(env.alloc->stats().reserved_bytes[0].current == static_cast<std::int64_t>(2 * MiB));
+
+  g.expect(x4);
+  env.sim->run_until_idle();
+  CHECK(env.eng().stats().plan_holds_released == 1);
+  CHECK(g.nodes()[0].runs->load() == 3);  // f: the test's run, the plan's, once more for h
+  CHECK(g.nodes()[3].runs->load() == 2);  // h: the test's run and the plan's
+  env.check_clean();  // every kernel found its inputs intact
 }
 
 TEST_CASE("pin_all pins the resident inputs first: bringing back a dropped one never evicts them") {

@@ -258,6 +258,24 @@ TEST_CASE("dtr-frag: a candidate whose eviction fits the request beats a lower-h
   CHECK(make_policy("dtr")->choose(view, bytes_request(8 * k_mib, s))->value == 1);
 }
 
+TEST_CASE("dtr-frag: with expandable segments (no contiguous range needed) it chooses as dtr") {
+  const stream_ref s{1};
+  fake_view view;
+  view.items.push_back(make_candidate(1, k_mib, 10, 1e9, s));       // the best DTR victim
+  view.items.push_back(make_candidate(2, 8 * k_mib, 1e6, 1e3, s));  // fits the request by size
+  view.items.push_back(make_candidate(3, 2 * k_mib, 1e7, 1e3, s));  // a whole 16 MiB segment
+  view.items.back().whole_segment = true;
+  view.items.back().segment_size = 16 * k_mib;
+  eviction_request r = bytes_request(8 * k_mib, s);
+  r.shortfall = 8 * k_mib;
+  auto frag = make_policy("dtr-frag");
+  REQUIRE(frag->choose(view, r)->value == 2);  // contiguous: the fit
+  r.contiguous = false;
+  view.lookups = 0;
+  CHECK(frag->choose(view, r)->value == 1);
+  CHECK(view.lookups == 0);
+}
+
 TEST_CASE("dtr-frag: a request that needs a new segment takes a whole segment covering the shortfall") {
   const stream_ref s{1};
   fake_view view;

@@ -89,6 +89,7 @@ TEST_CASE("a handler is called unlocked, with the request, and its victim serves
   CHECK(seen.reserved == 24 * MiB);
   // The smallest new segment for 12 MiB is 12 MiB: 24 + 12 - 30.
   CHECK(seen.shortfall == 6 * MiB);
+  CHECK(seen.contiguous);  // fixed segments: 12 MiB in one range, or a segment given back
   const memory_stats st = u.alloc.stats();
   CHECK(st.num_pressure_handler_calls == 1);
   CHECK(st.num_alloc_retries == 1);
@@ -97,6 +98,40 @@ TEST_CASE("a handler is called unlocked, with the request, and its victim serves
   u.alloc.deallocate(c);
   u.alloc.deallocate(u.b);
   check_stats_match_snapshot(u.alloc.stats(), u.alloc.snapshot());
+}
+
+TEST_CASE("with expandable segments a request needs granules anywhere, not a contiguous range") {
+  auto env = make_sim_env();
+  const std::size_t g = env->backend->vmm_granularity();
+  REQUIRE(g > 0);
+  allocator_config c = env->config();
+  c.expandable_segments = true;
+  c.expandable_address_range = 256 * MiB;
+  c.budget = 4 * g;
+  device_allocator alloc(env->backend, c);
+  void* a = alloc.allocate(g);
+  void* b = alloc.allocate(g);
+  void* d = alloc.allocate(2 * g);  // the budget is used up
+  pressure_request seen;
+  int calls = 0;
+  alloc.add_pressure_handler([&](const pressure_request& r) {
+    seen = r;
+    ++calls;
+    // Two victims that are not neighbours: their granules are unmapped and serve the request.
+    alloc.deallocate(a);
+    alloc.deallocate(d);
+    return pressure_result{3 * g, 0};
+  });
+  // 1.5 granules: with fixed segments this would need a 20 MiB segment; here 2 granules.
+  void* x = alloc.allocate(g + g / 2);
+  CHECK(calls == 1);
+  CHECK_FALSE(seen.contiguous);
+  CHECK(seen.reserved == 4 * g);
+  CHECK(seen.shortfall == 2 * g);
+  CHECK(alloc.stats().reserved_bytes[0].current <= static_cast<std::int64_t>(4 * g));
+  check_consistent(alloc);
+  alloc.deallocate(x);
+  alloc.deallocate(b);
 }
 
 TEST_CASE("a small-pool request under pressure names the small pool") {

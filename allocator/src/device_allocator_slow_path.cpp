@@ -364,7 +364,10 @@ pressure_request device_allocator::impl::make_request_locked(const block_pool& p
   r.small_pool = pool.small();
   r.budget = budget;
   r.reserved = reserved_locked();
-  const std::size_t need = r.reserved + size_classes::min_segment_size(rounded);
+  // The new memory the request needs: whole granules (expandable), or its smallest segment.
+  r.contiguous = granularity == 0;
+  const std::size_t need = r.reserved + (r.contiguous ? size_classes::min_segment_size(rounded)
+                                                      : size_classes::round_up(rounded, granularity));
   r.shortfall = need > budget ? need - budget : 0;
   return r;
 }

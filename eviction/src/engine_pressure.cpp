@@ -112,6 +112,7 @@ pressure_result eviction_engine::impl::on_pressure(const pressure_request& r) {
   request.bytes = r.bytes;
   request.small_pool = r.small_pool;
   request.shortfall = r.shortfall;
+  request.contiguous = r.contiguous;
   // An allocation made by the engine itself (restore, recompute) calls back on this thread, which
   // holds the engine lock already. See Note [Eviction lock order].
   if (lock_owner.load(std::memory_order_relaxed) == std::this_thread::get_id()) {

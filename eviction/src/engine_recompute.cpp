@@ -129,7 +129,18 @@ void eviction_engine::impl::rematerialise_locked(node_entry& top, std::size_t de
       return o != nullptr && o->state == buffer_state::dropped;
     });
     if (needed) {
-      recompute_locked(n, depth);
+      try {
+        recompute_locked(n, depth);
+      } catch (const out_of_memory&) {
+        // The outputs held for later nodes are what keeps this one from fitting: let them be
+        // evicted (a later node that finds one dropped rematerialises it again), and try once
+        // more. Note [Recompute plans hold their outputs].
+        if (held.empty()) throw;
+        for (held_output& h : held) unpin_locked(*h.e);
+        held.clear();
+        ++stats.plan_holds_released;
+        recompute_locked(n, depth);
+      }
       for (buffer_entry* out : n.outputs) {
         if (out == nullptr) continue;
         std::size_t until = i;

@@ -35,7 +35,9 @@
 //      segment while large segments hold live blocks ran out of rounds that way (ResNet, 0.6).
 //   4. otherwise plain DTR over the sample: freed bytes elsewhere still lower the shortfall.
 // With request.bytes == 0 (set_budget trimming: free `shortfall` bytes of reserved memory) only
-// tiers 1 (whole segments), 3 and 4 apply.
+// tiers 1 (whole segments), 3 and 4 apply. With expandable segments (request.contiguous false)
+// none of this matters: freed granules are unmapped wherever they are and mapped again where the
+// request goes, so dtr-frag chooses as dtr does.
 //
 // Lookups: contiguous_if_evicted costs a lookup in the engine and the allocator (~50-80 ns, with
 // the allocator's lock), against ~9 ns to sample and score a candidate, so dtr-frag asks it only
@@ -177,6 +179,11 @@ class dtr_frag_policy final : public eviction_policy {
                                   const eviction_request& request) override {
     const std::size_t bytes = request.bytes;
     sample_.draw(candidates, rng_);
+    if (!request.contiguous) {  // placement does not matter: DTR
+      best_by_h best;
+      for (const candidate_info& c : sample_.infos) best.offer(c, dtr_score(c));
+      return best.id;
+    }
     // Within the capacity reserved up front (samples of up to 256: n <= 65,536) this allocates
     // nothing; a larger sample grows it once.
     if (scratch_.size() < sample_.infos.size()) scratch_.resize(sample_.infos.size());

@@ -32,6 +32,11 @@ struct pressure_request {
   // (size_classes::min_segment_size(bytes)) exceeds the budget, 0 if within budget; for
   // set_budget, reserved - the budget asked for.
   std::size_t shortfall = 0;
+  // False with expandable segments: memory freed anywhere in the request's pool is unmapped and
+  // mapped again where the request goes, so freeing `shortfall` bytes serves it, contiguous or
+  // not (Note [Expandable segments]). True with fixed segments: `bytes` must be free in one
+  // range of a segment of the request's stream and pool, or whole segments must be given back.
+  bool contiguous = true;
 };
 
 struct pressure_result {

@@ -68,6 +68,7 @@ struct engine_stats {
   std::uint64_t drops = 0;
   std::uint64_t restores = 0;          // copies back from host
   std::uint64_t recomputes = 0;        // lineage node executions
+  std::uint64_t plan_holds_released = 0;  // recompute plans that let their held outputs go to fit
   std::uint64_t bytes_spilled = 0;
   std::uint64_t bytes_restored = 0;
   std::uint64_t bytes_recomputed = 0;

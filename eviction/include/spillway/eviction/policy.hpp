@@ -61,6 +61,9 @@ struct eviction_request {
   // Bytes over the budget that a new segment for the request would need (0: one fits): freeing
   // whole segments of that many bytes lets the allocator give them back and reserve one.
   std::size_t shortfall = 0;
+  // False (expandable segments): freeing `shortfall` bytes anywhere serves the request, so where
+  // the victims lie does not matter. See pressure_request::contiguous.
+  bool contiguous = true;
 };
 
 class candidate_view {
