@@ -106,7 +106,7 @@ void device_allocator::impl::take_block_locked(block_pool& pool, block* b, std::
                                                std::size_t requested) {
   // Everything that can throw (record allocation, table growth) happens before any change.
   live.reserve_one();
-  block* rest = size_classes::should_split(b->size, rounded) ? block_records.make() : nullptr;
+  block* rest = splits_locked(*b, rounded) ? block_records.make() : nullptr;
 
   pool.erase(b);
   if (rest != nullptr) {  // split: b keeps the low addresses, the remainder stays cached

@@ -62,6 +62,13 @@ struct device_allocator::impl {
   detail::block_pool& pool_of(const detail::block* b) noexcept {
     return b->seg->small ? small_pool : large_pool;
   }
+  // Whether b, serving `rounded`, is split. PyTorch keeps a large-pool remainder of up to 1 MiB
+  // in the block (no slivers in the large pool); in an expandable segment a remainder joins the
+  // next growth or is unmapped with its free neighbours, so any remainder is split off there.
+  static bool splits_locked(const detail::block& b, std::size_t rounded) noexcept {
+    return b.seg->expandable ? b.size - rounded >= size_classes::min_block_size
+                             : size_classes::should_split(b.size, rounded);
+  }
   void take_block_locked(detail::block_pool& pool, detail::block* b, std::size_t rounded,
                          std::size_t requested);
   void free_block_locked(detail::block* b) noexcept;
