@@ -34,6 +34,18 @@
 //      Scattered victims may never empty a segment: a small-pool request that needs a new 2 MiB
 //      segment while large segments hold live blocks ran out of rounds that way (ResNet, 0.6).
 //   4. otherwise plain DTR over the sample: freed bytes elsewhere still lower the shortfall.
+// A fit is not taken at any price, though. When tier 1 always won (until 2026-11-21), on
+// the ResNet-1202 trace the fits it took were 10 to 10,000 times DTR's best h (buffers
+// needed again at once), 24,000-29,000 drops where dtr made 1,400-8,200. So the fit is weighed
+// against the alternative by cost per unit of staleness, h x size (DTR's h is per byte):
+//   - against tier 2's candidate when a cheaper one grows a range in place: that way needs about
+//     ceil(bytes / its range) evictions like it;
+//   - when nothing cheaper is in place and the request is over the budget, against DTR's best of
+//     the sample: about ceil(shortfall / its size) evictions like it free the shortfall, their
+//     segments given back.
+// The fit wins when its rate is at most the alternative's total. With ranges no larger than the
+// victims themselves that is about DTR's choice; the fit's advantage is the neighbours it frees
+// with it (a range larger than its size) and the rounding up of the alternative's evictions.
 // With request.bytes == 0 (set_budget trimming: free `shortfall` bytes of reserved memory) only
 // tiers 1 (whole segments), 3 and 4 apply. With expandable segments (request.contiguous false)
 // none of this matters: freed granules are unmapped wherever they are and mapped again where the
@@ -143,11 +155,13 @@ struct sample {
 struct best_by_h {
   std::optional<buffer_id> id;
   double h = 0;
+  std::size_t size = 0;
 
   void offer(const candidate_info& c, double score) noexcept {
     if (!id || score < h) {
       id = c.id;
       h = score;
+      size = c.size;
     }
   }
 };
@@ -207,11 +221,12 @@ class dtr_frag_policy final : public eviction_policy {
       const bool serves = (in_place & (c.size >= bytes)) | (frees_segment & (c.segment_size >= shortfall));
       const bool better = serves & (!fit.id.has_value() | (h < fit.h));
       fit.h = better ? h : fit.h;
+      fit.size = better ? c.size : fit.size;
       if (better) fit.id = c.id;
       const bool better_whole = frees_segment & (!whole.id.has_value() | (h < whole.h));
       whole.h = better_whole ? h : whole.h;
       if (better_whole) whole.id = c.id;
-      scratch_[kept] = entry{h, c.id};
+      scratch_[kept] = entry{h, c.size, c.id};
       kept += static_cast<std::size_t>(in_place & !serves);
       matched |= in_place;
     }
@@ -237,6 +252,8 @@ class dtr_frag_policy final : public eviction_policy {
     }
     std::optional<buffer_id> grow;  // tier 2: the highest step, then the smallest h
     std::size_t grow_step = 0;
+    std::size_t grow_range = 0;
+    std::size_t grow_size = 0;
     double grow_h = 0;
     const double steps_per_byte = static_cast<double>(k_frag_steps) / static_cast<double>(bytes);
     for (auto e = scratch_.begin(); e != end; ++e) {
@@ -245,17 +262,33 @@ class dtr_frag_policy final : public eviction_policy {
       if (range >= bytes) {
         fit.id = e->id;
         fit.h = e->h;
+        fit.size = e->size;
         continue;
       }
-      if (fit.id) continue;  // tier 2 no longer matters
       // range < bytes: the step is below k_frag_steps (min() guards the double's rounding).
       const std::size_t step = std::min(
           k_frag_steps - 1, static_cast<std::size_t>(static_cast<double>(range) * steps_per_byte));
       if (!grow || step > grow_step || (step == grow_step && e->h < grow_h)) {
         grow = e->id;
         grow_step = step;
+        grow_range = range;
+        grow_size = e->size;
         grow_h = e->h;
       }
+    }
+    // A fit against the alternative, by their cost per unit of staleness, h x size (DTR's h is per
+    // byte): the fit's, against the evictions the alternative needs (see the top of the file).
+    const auto rate = [](double h, std::size_t size) { return h * static_cast<double>(size); };
+    const auto evictions = [](std::size_t need, std::size_t each) {
+      return std::ceil(static_cast<double>(need) / static_cast<double>(each));
+    };
+    if (fit.id && grow) {  // growing a range in place: about bytes / range evictions like `grow`
+      return rate(fit.h, fit.size) <= evictions(bytes, grow_range) * rate(grow_h, grow_size) ? fit.id
+                                                                                             : grow;
+    }
+    if (fit.id && shortfall > 0 && any.id != fit.id &&  // nothing cheaper in place: DTR elsewhere
+        rate(fit.h, fit.size) > evictions(shortfall, any.size) * rate(any.h, any.size)) {
+      return any.id;  // DTR's bet: the bytes it frees lower the shortfall once segments empty
     }
     if (fit.id) return fit.id;
     if (grow) return grow;
@@ -266,6 +299,7 @@ class dtr_frag_policy final : public eviction_policy {
  private:
   struct entry {
     double h;
+    std::size_t size;
     buffer_id id;
   };
 
