@@ -299,9 +299,9 @@ class model_run {
 
   // The bytes a reservation for `rounded` on (pool, stream) would need now. Expandable: the
   // fewest granules any growth maps, at the top of a range (after its free tail) or in a hole
-  // between two runs of one range (with the free blocks beside it). Runs are placed in their range
-  // by describe() of an allocation in them; a run with none is not taken as a hole's side, which
-  // can only overstate the need (the check that uses it stays sound).
+  // between two runs of one range (from either end, with the free blocks beside it). Runs are
+  // placed in their range by describe() of an allocation in them; a run with none is not taken as
+  // a hole's side, which can only overstate the need (the check that uses it stays sound).
   std::size_t needed_for(const memory_snapshot& snap, std::size_t rounded, stream_ref s) const {
     if (!rc_.expandable) return sc::min_segment_size(rounded);
     const std::size_t g = env_->backend->vmm_granularity();
@@ -334,8 +334,12 @@ class model_run {
       const segment_info& a = *runs[i].seg;
       const segment_info& b = *runs[i + 1].seg;
       const std::size_t hole = b.address - (a.address + a.total_size);
-      if (before + hole + free_size(b.blocks.front()) < rounded) continue;
-      need = std::min(need, std::min(hole, sc::round_up(rounded - std::min(rounded, before), g)));
+      const std::size_t after = free_size(b.blocks.front());
+      if (before + hole + after < rounded) continue;
+      // Mapped from its low end (after `before`) or its high end (before `after`).
+      const std::size_t low = sc::round_up(rounded - std::min(rounded, before), g);
+      const std::size_t high = sc::round_up(rounded - std::min(rounded, after), g);
+      need = std::min({need, hole, low, high});
     }
     return need;
   }

@@ -272,10 +272,17 @@ device_allocator::~device_allocator() {
   while (!m.segments.empty()) {
     detail::segment& seg = m.segments.front();
     m.segments.pop_front();
-    if (seg.expandable) {
+    if (seg.expandable) {  // unmapped run by run: holes and the top are granule-aligned
       seg.holes.clear();
-      for (const detail::block* b = seg.first; b != nullptr; b = b->next) {
-        if (b->status != block_status::unmapped) m.backend->unmap_physical(b->ptr(), b->size);
+      for (const detail::block* b = seg.first; b != nullptr;) {
+        if (b->status == block_status::unmapped) {
+          b = b->next;
+          continue;
+        }
+        const std::uintptr_t start = b->address;
+        while (b != nullptr && b->status != block_status::unmapped) b = b->next;
+        const std::uintptr_t end = b != nullptr ? b->address : seg.address + seg.size;
+        m.backend->unmap_physical(reinterpret_cast<void*>(start), end - start);
       }
       m.backend->release_address_range(reinterpret_cast<void*>(seg.address), seg.address_range);
     } else {

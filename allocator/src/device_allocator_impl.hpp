@@ -97,7 +97,8 @@ struct device_allocator::impl {
                                        std::size_t rounded) const;
   std::size_t release_cached_locked();
   void release_segment_locked(detail::segment* seg) noexcept;
-  detail::block* map_hole_locked(detail::block_pool& pool, stream_ref stream, std::size_t rounded);
+  detail::block* map_hole_locked(detail::block_pool& pool, stream_ref stream, std::size_t rounded,
+                                 std::size_t limit);
   std::size_t unmap_free_pages_locked(detail::segment* seg) noexcept;
   std::size_t unmap_block_locked(detail::block*& b) noexcept;
   std::pair<std::uintptr_t, std::size_t> free_granules(const detail::block* b) const noexcept;

@@ -74,6 +74,7 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
     // Evictions that emptied whole segments (of another pool or stream, or too small) serve this
     // request only once those are given back: do that before evicting more.
     if (r.freed > 0 && release_cached_locked() > 0) {
+      if (block* b = pool.best_fit(stream, rounded)) return b;  // frees it reaped may fit
       if (block* b = reserve_locked(pool, stream, rounded)) return b;
     }
     if (r.freed == 0 || stats.allocated_bytes[0].current >= live_before) break;
@@ -85,6 +86,7 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
     if (block* b = pool.best_fit(stream, rounded)) return b;
   }
   if (release_cached_locked() > 0) {
+    if (block* b = pool.best_fit(stream, rounded)) return b;
     if (block* b = reserve_locked(pool, stream, rounded)) return b;
   }
   // Step 5: fail; nothing has changed for the caller.
@@ -193,16 +195,15 @@ block* device_allocator::impl::reserve_segment_locked(block_pool& pool, stream_r
   return b;
 }
 
-// Note [Expandable segments]: one address range per (pool, stream). Growth first maps a hole
-// (granules unmapped by a release) that, with the free blocks beside it, spans the request; else
-// it maps granules after the last block, extending it if it is free. A new range is linked and
+// Note [Expandable segments]: one address range per (pool, stream). Growth maps granules after
+// the last block, extending it if it is free, unless a hole (granules unmapped by a release)
+// that, with the free blocks beside it, spans the request needs no more of them. A new range is linked and
 // counted only once its first pages are mapped: a growth that fails (budget, device) leaves no
 // empty segment behind, so out_of_memory changes nothing.
 block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_ref stream,
                                                       std::size_t rounded) {
-  if (block* b = map_hole_locked(pool, stream, rounded)) return b;
-  // The (pool, stream) segment whose address range still has room for this growth; a new range
-  // when every one is used up (normally there is one per (pool, stream)).
+  // The top: the (pool, stream) segment whose address range still has room for this growth; a
+  // new range when every one is used up (normally there is one per (pool, stream)).
   segment* seg = nullptr;
   block* tail = nullptr;
   std::size_t have = 0;
@@ -211,6 +212,7 @@ block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_r
     if (!s.expandable || s.small != pool.small() || s.stream != stream) continue;
     block* t = s.last();
     const std::size_t free_tail = (t != nullptr && t->status == block_status::free) ? t->size : 0;
+    if (free_tail >= rounded) return t;  // freed since the caller's best_fit (a reaped event)
     const std::size_t needed = size_classes::round_up(rounded - free_tail, granularity);
     if (needed <= s.address_range - s.size) {
       seg = &s;
@@ -220,6 +222,8 @@ block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_r
       break;
     }
   }
+  // A hole that needs no more granules than the top (then the top stays where it is).
+  if (block* b = map_hole_locked(pool, stream, rounded, grow)) return b;
   if (!fits_budget_locked(grow)) return nullptr;
 
   std::size_t range = 0;
@@ -290,62 +294,80 @@ std::size_t free_size(const block* b) noexcept {
 }  // namespace
 
 // The hole of a (pool, stream) expandable segment that serves `rounded` with the fewest new
-// granules (the lowest address on ties) is mapped, as far as the request needs, and merged with
-// the free blocks beside it. nullptr: no hole spans the request, or its granules exceed the budget.
+// granules, at most `limit` (the lowest address on ties), is mapped as far as the request needs,
+// from whichever end needs fewer (its low end with the free block before it, or its high end with
+// the free block after it), and merged with the free blocks beside it. nullptr: no such hole, or
+// its granules exceed the budget.
 block* device_allocator::impl::map_hole_locked(block_pool& pool, stream_ref stream,
-                                               std::size_t rounded) {
+                                               std::size_t rounded, std::size_t limit) {
   block* hole = nullptr;
   std::size_t grow = 0;
+  bool from_top = false;
+  const auto granules_beyond = [this, rounded](std::size_t have) {
+    return size_classes::round_up(rounded - std::min(rounded, have), granularity);
+  };
   for (segment& s : segments) {
     if (!s.expandable || s.holes.empty() || s.small != pool.small() || s.stream != stream) continue;
     for (block& h : s.holes) {
       const std::size_t before = free_size(h.prev);
-      if (before + h.size + free_size(h.next) < rounded) continue;
-      // The allocation starts at the free block before the hole (best_fit found none that fits).
-      const std::size_t need =
-          std::min(h.size, size_classes::round_up(rounded - std::min(rounded, before), granularity));
-      if (hole == nullptr || need < grow) {
+      const std::size_t after = free_size(h.next);
+      if (before >= rounded || after >= rounded || before + h.size + after < rounded) continue;
+      const std::size_t low = granules_beyond(before);   // [h, ...) after the free block before
+      const std::size_t high = granules_beyond(after);   // [..., h's end) before the free one after
+      const std::size_t need = std::min({h.size, low, high});
+      if (need <= limit && (hole == nullptr || need < grow)) {
         hole = &h;
         grow = need;
+        from_top = high < low;
       }
     }
   }
-  if (hole == nullptr || grow == 0 || !fits_budget_locked(grow)) return nullptr;
+  if (hole == nullptr || !fits_budget_locked(grow)) return nullptr;
 
   segment& seg = *hole->seg;
   const bool whole = grow == hole->size;
+  const std::uintptr_t at = whole || !from_top ? hole->address : hole->address + hole->size - grow;
   block* mapped = whole ? hole : block_records.make();  // may throw: nothing has changed yet
   bool ok = false;
   {
     undo_on_throw guard{[&] {
       if (mapped != hole) block_records.recycle(mapped);
     }};
-    ok = backend->map_physical(hole->ptr(), grow);
+    ok = backend->map_physical(reinterpret_cast<void*>(at), grow);
   }
   if (!ok) {
     if (mapped != hole) block_records.recycle(mapped);
     return nullptr;
   }
   count_segment_locked(seg, +1, grow);
-  // Mapped runs (what stats.segment counts): a hole with a mapped block before it joins that run;
-  // one mapped whole also joins the run after it.
-  const int runs = (hole->prev != nullptr ? 0 : 1) - (whole ? 1 : 0);
+  // Mapped runs (what stats.segment counts). A hole always has a mapped block after it (the top
+  // of a segment is never a hole), which its high granules join; its low granules join the run
+  // before it, or start one at the segment's base; mapped whole, it joins the runs on both sides.
+  const int runs = whole ? (hole->prev != nullptr ? -1 : 0)
+                         : (from_top || hole->prev != nullptr ? 0 : 1);
   for (int i : {0, pool.small() ? 1 : 2}) {
     if (runs > 0) stats.segment[i].increase(runs);
     if (runs < 0) stats.segment[i].decrease(-runs);
   }
   if (whole) {
     seg.holes.erase(seg.holes.iterator_to(*hole));
-  } else {  // the low granules are mapped; the hole keeps the rest (its place in the tree holds)
-    mapped->address = hole->address;
+  } else {  // the hole keeps the rest; its place in the tree holds either way
+    mapped->address = at;
     mapped->size = grow;
     mapped->stream = hole->stream;
     mapped->seg = &seg;
-    mapped->prev = hole->prev;
-    mapped->next = hole;
-    if (hole->prev != nullptr) hole->prev->next = mapped; else seg.first = mapped;
-    hole->prev = mapped;
-    hole->address += grow;
+    if (from_top) {
+      mapped->prev = hole;
+      mapped->next = hole->next;
+      hole->next->prev = mapped;
+      hole->next = mapped;
+    } else {
+      mapped->prev = hole->prev;
+      mapped->next = hole;
+      if (hole->prev != nullptr) hole->prev->next = mapped; else seg.first = mapped;
+      hole->prev = mapped;
+      hole->address += grow;
+    }
     hole->size -= grow;
   }
   insert_free_locked(mapped);  // merges with the free blocks beside it

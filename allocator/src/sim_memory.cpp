@@ -219,7 +219,11 @@ bool sim_memory::map(void* addr, std::size_t bytes) noexcept {
 void sim_memory::unmap(void* addr, std::size_t bytes) noexcept {
   const std::size_t g = config_.vmm_granularity;
   const auto a = reinterpret_cast<std::uintptr_t>(addr);
-  if (g == 0 || bytes == 0 || a % g != 0) return;
+  if (g == 0 || bytes == 0) return;
+  if (a % g != 0 || bytes % g != 0) {
+    ++counters_.misaligned_unmaps;  // cuMemUnmap would fail: a caller's bug, counted for tests
+    if (a % g != 0) return;
+  }
   std::uintptr_t base = 0;
   address_range* range = find_range(a, (bytes + g - 1) / g * g, &base);
   if (range == nullptr) return;
