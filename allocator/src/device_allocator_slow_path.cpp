@@ -74,7 +74,6 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
     // Evictions that emptied whole segments (of another pool or stream, or too small) serve this
     // request only once those are given back: do that before evicting more.
     if (r.freed > 0 && release_cached_locked() > 0) {
-      if (block* b = pool.best_fit(stream, rounded)) return b;  // frees it reaped may fit
       if (block* b = reserve_locked(pool, stream, rounded)) return b;
     }
     if (r.freed == 0 || stats.allocated_bytes[0].current >= live_before) break;
@@ -86,7 +85,6 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
     if (block* b = pool.best_fit(stream, rounded)) return b;
   }
   if (release_cached_locked() > 0) {
-    if (block* b = pool.best_fit(stream, rounded)) return b;
     if (block* b = reserve_locked(pool, stream, rounded)) return b;
   }
   // Step 5: fail; nothing has changed for the caller.
