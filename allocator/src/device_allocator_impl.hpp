@@ -5,10 +5,12 @@
 // Files:
 //   device_allocator.cpp                the public methods and the fast paths (allocate, free)
 //   device_allocator_slow_path.cpp      the memory pressure path, reservation, release, budgets
+//   device_allocator_expandable.cpp     expandable segments: growth, holes, unmapping
 //   device_allocator_introspection.cpp  statistics, snapshot, describe, warnings
 #pragma once
 
 #include <deque>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,6 +25,21 @@
 #include "spillway/size_classes.hpp"
 
 namespace spillway {
+
+namespace detail {
+// Runs `undo` when a reservation step leaves by an exception (a device_error from the backend),
+// so that records and address ranges taken so far are given back.
+template <class F>
+struct undo_on_throw {
+  F undo;
+  int exceptions = std::uncaught_exceptions();
+  ~undo_on_throw() {
+    if (std::uncaught_exceptions() > exceptions) undo();
+  }
+};
+template <class F>
+undo_on_throw(F) -> undo_on_throw<F>;
+}  // namespace detail
 
 struct device_allocator::impl {
   impl(std::shared_ptr<device_backend> backend, allocator_config config);
