@@ -134,6 +134,21 @@ using segment_list =
     bi::list<segment, bi::member_hook<segment, decltype(segment::list_hook), &segment::list_hook>,
              bi::constant_time_size<true>>;
 
+// Calls f(first, end) for each maximal run of mapped blocks of seg, in address order: [first, end)
+// in block order, end being the hole after the run or nullptr. A plain segment is one run.
+template <class F>
+void for_each_mapped_run(const segment& seg, F f) {
+  for (const block* b = seg.first; b != nullptr;) {
+    if (b->status == block_status::unmapped) {
+      b = b->next;
+      continue;
+    }
+    const block* first = b;
+    while (b != nullptr && b->status != block_status::unmapped) b = b->next;
+    f(first, b);
+  }
+}
+
 inline bool segment::fully_free() const noexcept {
   return first != nullptr && first->next == nullptr && first->status == block_status::free;
 }

@@ -274,16 +274,10 @@ device_allocator::~device_allocator() {
     m.segments.pop_front();
     if (seg.expandable) {  // unmapped run by run: holes and the top are granule-aligned
       seg.holes.clear();
-      for (const detail::block* b = seg.first; b != nullptr;) {
-        if (b->status == block_status::unmapped) {
-          b = b->next;
-          continue;
-        }
-        const std::uintptr_t start = b->address;
-        while (b != nullptr && b->status != block_status::unmapped) b = b->next;
-        const std::uintptr_t end = b != nullptr ? b->address : seg.address + seg.size;
-        m.backend->unmap_physical(reinterpret_cast<void*>(start), end - start);
-      }
+      detail::for_each_mapped_run(seg, [&](const detail::block* first, const detail::block* end) {
+        const std::uintptr_t stop = end != nullptr ? end->address : seg.address + seg.size;
+        m.backend->unmap_physical(first->ptr(), stop - first->address);
+      });
       m.backend->release_address_range(reinterpret_cast<void*>(seg.address), seg.address_range);
     } else {
       m.backend->release_segment(reinterpret_cast<void*>(seg.address), seg.size);

@@ -19,9 +19,9 @@ using detail::undo_on_throw;
 
 // Note [Expandable segments]: one address range per (pool, stream). Growth maps granules after
 // the last block, extending it if it is free, unless a hole (granules unmapped by a release)
-// that, with the free blocks beside it, spans the request needs no more of them. A new range is linked and
-// counted only once its first pages are mapped: a growth that fails (budget, device) leaves no
-// empty segment behind, so out_of_memory changes nothing.
+// that, with the free blocks beside it, spans the request needs no more of them. A new range is
+// linked and counted only once its first pages are mapped: a growth that fails (budget, device)
+// leaves no empty segment behind, so out_of_memory changes nothing.
 block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_ref stream,
                                                       std::size_t rounded) {
   // The top: the (pool, stream) segment whose address range still has room for this growth; a
@@ -87,7 +87,7 @@ block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_r
   if (created != nullptr) {  // mapped: now it is a segment of this allocator
     segments_by_address.emplace(seg->address, seg);
     segments.push_back(*seg);
-    for (int i : {0, pool.small() ? 1 : 2}) stats.segment[i].increase(1);
+    count_segments_locked(pool.small(), 1);
   }
   count_segment_locked(*seg, +1, grow);
   if (fresh == nullptr) {  // the free tail grows in place
@@ -167,10 +167,7 @@ block* device_allocator::impl::map_hole_locked(block_pool& pool, stream_ref stre
   // before it, or start one at the segment's base; mapped whole, it joins the runs on both sides.
   const int runs = whole ? (hole->prev != nullptr ? -1 : 0)
                          : (from_top || hole->prev != nullptr ? 0 : 1);
-  for (int i : {0, pool.small() ? 1 : 2}) {
-    if (runs > 0) stats.segment[i].increase(runs);
-    if (runs < 0) stats.segment[i].decrease(-runs);
-  }
+  count_segments_locked(pool.small(), runs);
   if (whole) {
     seg.holes.erase(seg.holes.iterator_to(*hole));
   } else {  // the hole keeps the rest; its place in the tree holds either way
@@ -211,12 +208,7 @@ namespace {
 // per segment in snapshot()).
 std::int64_t mapped_runs(const segment& seg) noexcept {
   std::int64_t runs = 0;
-  for (const block* b = seg.first; b != nullptr; b = b->next) {
-    if (b->status != block_status::unmapped &&
-        (b->prev == nullptr || b->prev->status == block_status::unmapped)) {
-      ++runs;
-    }
-  }
+  detail::for_each_mapped_run(seg, [&runs](const block*, const block*) { ++runs; });
   return runs;
 }
 }  // namespace
@@ -238,11 +230,7 @@ std::size_t device_allocator::impl::unmap_free_pages_locked(segment* seg) noexce
     if (top->prev != nullptr) top->prev->next = nullptr; else seg->first = nullptr;
     block_records.recycle(top);
   }
-  const std::int64_t runs = mapped_runs(*seg) - runs_before;
-  for (int i : {0, seg->small ? 1 : 2}) {
-    if (runs > 0) stats.segment[i].increase(runs);
-    if (runs < 0) stats.segment[i].decrease(-runs);
-  }
+  count_segments_locked(seg->small, mapped_runs(*seg) - runs_before);
   if (seg->first == nullptr) release_segment_locked(seg);
   return released;
 }

@@ -80,11 +80,12 @@ struct device_allocator::impl {
     return b->seg->small ? small_pool : large_pool;
   }
   // Whether b, serving `rounded`, is split. PyTorch keeps a large-pool remainder of up to 1 MiB
-  // in the block (no slivers in the large pool); in an expandable segment a remainder joins the
-  // next growth or is unmapped with its free neighbours, so any remainder is split off there.
-  static bool splits_locked(const detail::block& b, std::size_t rounded) noexcept {
-    return b.seg->expandable ? b.size - rounded >= size_classes::min_block_size
-                             : size_classes::should_split(b.size, rounded);
+  // in the block (no slivers in the large pool); in an expandable segment (every segment, when
+  // granularity > 0) a remainder joins the next growth or is unmapped with its free neighbours,
+  // so any remainder is split off there.
+  bool splits_locked(const detail::block& b, std::size_t rounded) const noexcept {
+    return granularity != 0 ? b.size - rounded >= size_classes::min_block_size
+                            : size_classes::should_split(b.size, rounded);
   }
   void take_block_locked(detail::block_pool& pool, detail::block* b, std::size_t rounded,
                          std::size_t requested);
@@ -133,6 +134,13 @@ struct device_allocator::impl {
   void warn(const std::string& message) const noexcept;
   detail::segment* segment_containing_locked(std::uintptr_t address) const noexcept;
   void count_segment_locked(const detail::segment& seg, int sign, std::size_t bytes) noexcept;
+  // stats.segment (aggregate and the pool's) moved by `delta` segments, or mapped runs.
+  void count_segments_locked(bool small, std::int64_t delta) noexcept {
+    for (int i : {0, small ? 1 : 2}) {
+      if (delta > 0) stats.segment[i].increase(delta);
+      if (delta < 0) stats.segment[i].decrease(-delta);
+    }
+  }
 };
 
 }  // namespace spillway

@@ -101,19 +101,14 @@ memory_snapshot device_allocator::snapshot() const {
   for (const auto& [address, seg] : m.segments_by_address) {
     // One segment_info per run of mapped blocks: a plain segment is one run; an expandable one
     // has as many as its holes (unmapped blocks) leave (PyTorch reports them the same way).
-    for (const block* head = seg->first; head != nullptr;) {
-      if (head->status == block_status::unmapped) {
-        head = head->next;
-        continue;
-      }
+    detail::for_each_mapped_run(*seg, [&](const block* first, const block* end) {
       segment_info info;
       info.device = m.device;
-      info.address = head->address;
+      info.address = first->address;
       info.stream = seg->stream;
       info.is_large = !seg->small;
       info.is_expandable = seg->expandable;
-      const block* b = head;
-      for (; b != nullptr && b->status != block_status::unmapped; b = b->next) {
+      for (const block* b = first; b != end; b = b->next) {
         block_info bi;
         bi.address = b->address;
         bi.size = b->size;
@@ -130,8 +125,7 @@ memory_snapshot device_allocator::snapshot() const {
         info.blocks.push_back(bi);
       }
       snap.segments.push_back(std::move(info));
-      head = b;
-    }
+    });
   }
   return snap;
 }

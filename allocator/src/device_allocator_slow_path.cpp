@@ -171,7 +171,7 @@ block* device_allocator::impl::reserve_segment_locked(block_pool& pool, stream_r
   b->stream = stream;
   b->seg = seg;
   segments.push_back(*seg);
-  for (int i : {0, pool.small() ? 1 : 2}) stats.segment[i].increase(1);
+  count_segments_locked(pool.small(), 1);
   count_segment_locked(*seg, +1, size);
   pool.insert(b);
   return b;
@@ -276,7 +276,7 @@ void device_allocator::impl::release_segment_locked(segment* seg) noexcept {
   } else {
     backend->release_segment(reinterpret_cast<void*>(seg->address), seg->size);
     count_segment_locked(*seg, -1, seg->size);
-    for (int i : {0, seg->small ? 1 : 2}) stats.segment[i].decrease(1);
+    count_segments_locked(seg->small, -1);
   }
   segments.erase(segments.iterator_to(*seg));
   segments_by_address.erase(seg->address);

@@ -166,6 +166,13 @@ struct best_by_h {
   }
 };
 
+// DTR's choice: the lowest h of a drawn sample.
+std::optional<buffer_id> lowest_h(const sample& s) noexcept {
+  best_by_h best;
+  for (const candidate_info& c : s.infos) best.offer(c, dtr_score(c));
+  return best.id;
+}
+
 class dtr_policy final : public eviction_policy {
  public:
   explicit dtr_policy(std::uint64_t seed) : rng_(seed) {}
@@ -174,9 +181,7 @@ class dtr_policy final : public eviction_policy {
   std::optional<buffer_id> choose(const candidate_view& candidates,
                                   const eviction_request&) override {
     sample_.draw(candidates, rng_);
-    best_by_h best;
-    for (const candidate_info& c : sample_.infos) best.offer(c, dtr_score(c));
-    return best.id;
+    return lowest_h(sample_);
   }
 
  private:
@@ -193,11 +198,7 @@ class dtr_frag_policy final : public eviction_policy {
                                   const eviction_request& request) override {
     const std::size_t bytes = request.bytes;
     sample_.draw(candidates, rng_);
-    if (!request.contiguous) {  // placement does not matter: DTR
-      best_by_h best;
-      for (const candidate_info& c : sample_.infos) best.offer(c, dtr_score(c));
-      return best.id;
-    }
+    if (!request.contiguous) return lowest_h(sample_);  // placement does not matter: DTR
     // Within the capacity reserved up front (samples of up to 256: n <= 65,536) this allocates
     // nothing; a larger sample grows it once.
     if (scratch_.size() < sample_.infos.size()) scratch_.resize(sample_.infos.size());

@@ -62,7 +62,8 @@
 //   pointers, size 0, VMM calls with vmm_granularity 0, map_physical outside a reserved range,
 //   unaligned, or over a page already mapped. unmap_physical skips pages that are not mapped
 //   and, being noexcept, counts a call not in whole granules (counters().misaligned_unmaps: CUDA
-//   would refuse it) instead of failing; release_address_range also unmaps pages still mapped. The destructor unmaps everything.
+//   would refuse it) instead of failing; release_address_range also unmaps pages still mapped.
+//   The destructor unmaps everything.
 #pragma once
 
 #include <cstddef>
@@ -98,7 +99,7 @@ struct sim_counters {
   std::uint64_t segments_released = 0;
   std::uint64_t pages_mapped = 0;
   std::uint64_t pages_unmapped = 0;
-  std::uint64_t misaligned_unmaps = 0;  // unmap_physical calls not in whole granules (ignored or rounded up)
+  std::uint64_t misaligned_unmaps = 0;  // unmap_physical calls not in whole granules
   std::uint64_t copies = 0;
   std::uint64_t bytes_copied[4] = {0, 0, 0, 0};  // indexed by copy_kind
   std::uint64_t kernels = 0;
