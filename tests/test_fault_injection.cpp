@@ -4,7 +4,8 @@
 // It proves: a segment reservation that fails throws out_of_memory (or succeeds through the
 // smaller-segment fallback, or after releasing the cache) and a failed allocation changes nothing:
 // statistics, snapshot, live pointers and their bytes are as before, and the next allocation
-// works. The same for a failed page map of an expandable segment, for a budget that stops an
+// works. The same for a failed page map of an expandable segment (a hole whose map fails stays as
+// it was, and the top serves the request), for a budget that stops an
 // expandable segment from growing, and for a copy that fails (device_error, nothing enqueued).
 // Event creation cannot be made to fail on the sim; that path is not tested here.
 #include <doctest/doctest.h>
@@ -160,6 +161,39 @@ TEST_CASE("a failed page map of an expandable segment throws and changes nothing
   alloc.empty_cache();
   CHECK(alloc.stats().segment[0].current == 0);
   CHECK(alloc.stats().reserved_bytes[0].current == 0);
+}
+
+TEST_CASE("a failed map of a hole leaves the hole as it was; the top serves the request instead") {
+  auto env = make_sim_env();
+  allocator_config c = env->config();
+  c.expandable_segments = true;
+  device_allocator alloc(env->backend, c);
+  const std::size_t g = env->backend->vmm_granularity();
+  live_set live;
+  live.add(alloc, g);
+  void* middle = alloc.allocate(2 * g);
+  live.add(alloc, g);
+  alloc.deallocate(middle);
+  REQUIRE(alloc.empty_cache() == 2 * g);  // a hole of 2 granules between two live blocks
+  const memory_snapshot before = alloc.snapshot();
+  REQUIRE(before.segments.size() == 2);
+
+  env->sim->fail_nth(fault_site::page_map, 1);  // the hole's map fails; the top's succeeds
+  live.add(alloc, 2 * g);
+  CHECK(env->sim->counters().faults_injected == 1);
+  CHECK(static_cast<char*>(live.blocks[2].first) == static_cast<char*>(live.blocks[1].first) + g);
+  const memory_snapshot after = alloc.snapshot();
+  REQUIRE(after.segments.size() == 2);  // the hole is still there, between the same runs
+  CHECK(after.segments[0].address == before.segments[0].address);
+  CHECK(after.segments[0].total_size == before.segments[0].total_size);
+  CHECK(after.segments[1].address == before.segments[1].address);
+  live.check(alloc);
+  check_stats_match_snapshot(alloc.stats(), after);
+  // The hole maps again when nothing fails.
+  live.add(alloc, 2 * g);
+  CHECK(live.blocks[3].first == middle);
+  live.check(alloc);
+  live.free_all(alloc);
 }
 
 TEST_CASE("a budget that stops a new expandable segment leaves no segment behind") {
