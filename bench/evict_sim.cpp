@@ -5,7 +5,8 @@
 //
 //   spillway-evict-sim [--trace FILE|synth:SPEC[,...]] [--budgets 1.0,0.8,...] [--policies dtr,...]
 //                      [--modes drop,hybrid,spill] [--verify] [--expandable] [--no-eager-drop] [--oom-layout]
-//                      [--link-gbps 50] [--seed S] [--rotor-slots 500] [--rotor-max-stages 400]
+//                      [--link-gbps 50] [--driver-us 0] [--sync-us 0] [--seed S] [--rotor-slots 500]
+//                      [--rotor-max-stages 400]
 //                      [--json] [--plot FILE.svg] [--smoke]
 //
 // Without --trace it replays every *.optrace / *.optrace.gz in bench/op_traces. A budget ratio r
@@ -44,6 +45,7 @@ void print_usage() {
       "usage: spillway-evict-sim [--trace FILE|synth:SPEC[,...]] [--budgets 1.0,0.8,0.6,0.5,0.4,0.3]\n"
       "                          [--policies dtr,lru,largest,dtr-frag] [--modes drop,hybrid,spill]\n"
       "                          [--verify] [--expandable] [--no-eager-drop] [--oom-layout] [--link-gbps 50] [--seed 1]\n"
+      "                          [--driver-us 0] [--sync-us 0]\n"
       "                          [--rotor-slots 500] [--rotor-max-stages 400] [--json] [--plot FILE.svg]\n"
       "                          [--smoke]\n"
       "  --trace       op traces (.optrace, .optrace.gz) or synthetic ones: synth:mlp,\n"
@@ -58,6 +60,8 @@ void print_usage() {
       "  --no-eager-drop  keep released buffers that lineage still needs resident until evicted\n"
       "  --oom-layout  print the segments and their blocks to stderr when a run runs out of memory\n"
       "  --link-gbps   host<->device copy bandwidth each way (GB/s)\n"
+      "  --driver-us   simulated time per segment reserve or release and per page map or unmap call\n"
+      "  --sync-us     simulated time per device synchronisation, beyond draining the streams\n"
       "  --json        machine-readable results on stdout; --plot: an SVG line plot per trace\n"
       "  --smoke       tiny synthetic traces with checks (for ctest)\n"
       "  Decision time (dec med / dec mean) is host wall time to choose one victim: the policy's\n"
@@ -179,6 +183,8 @@ std::string device_line(const options& o) {
   std::ostringstream s;
   s << "spillway-evict-sim on the simulated device (manual clock; copies " << o.base.link_bandwidth / 1e9
     << " GB/s each way, 2 us latency; " << (o.base.expandable ? "expandable segments" : "PyTorch's segment sizes")
+    << "; driver calls " << static_cast<double>(o.base.driver_latency_ns) / 1000 << " us, device syncs "
+    << static_cast<double>(o.base.sync_latency_ns) / 1000 << " us"
     << "); host " << std::thread::hardware_concurrency() << " cores; decision times are host wall time";
   return s.str();
 }
@@ -267,6 +273,13 @@ int run(int argc, char** argv) {
   o.base.eager_drop = !args.flag("no-eager-drop");
   o.base.oom_layout = args.flag("oom-layout");
   o.base.link_bandwidth = args.get_double("link-gbps", 50) * 1e9;
+  const double driver_us = args.get_double("driver-us", 0), sync_us = args.get_double("sync-us", 0);
+  if (!(driver_us >= 0) || !(sync_us >= 0)) {
+    throw spillway::invalid_argument("--driver-us " + std::to_string(driver_us) + " / --sync-us " +
+                                     std::to_string(sync_us) + ": expected microseconds >= 0");
+  }
+  o.base.driver_latency_ns = static_cast<std::uint64_t>(driver_us * 1000);
+  o.base.sync_latency_ns = static_cast<std::uint64_t>(sync_us * 1000);
   o.base.seed = static_cast<std::uint64_t>(args.get_int("seed", 1));
   o.rotor_slots = static_cast<std::size_t>(args.get_int("rotor-slots", 500));
   o.rotor_max_stages = static_cast<std::size_t>(args.get_int("rotor-max-stages", 400));

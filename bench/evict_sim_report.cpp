@@ -148,7 +148,8 @@ void print_table(std::ostream& out, const std::vector<trace_report>& reports, co
       }
     }
   }
-  out << "overhd = time / baseline - 1; extra = recompute kernels; stall = time - baseline - extra (copies);\n"
+  out << "overhd = time / baseline - 1; extra = recompute kernels; stall = time - baseline - extra (copies,\n"
+         "and the driver calls and device syncs that --driver-us / --sync-us charge; counts in the JSON);\n"
          "evict/drops exclude drops at release (DTR's eager eviction); dec med/mean = us of host wall time to\n"
          "choose one victim: the policy's choose() with the engine describing the candidates it samples\n"
          "(median of per-op means / mean; the upkeep of their cached costs at drops and recomputes is in\n"
@@ -210,6 +211,8 @@ void write_json(bench::json_writer& j, const std::vector<trace_report>& reports)
         j.field("upkeep_steps", x.engine.upkeep_steps);
         j.field("upkeep_mean_ns", x.engine.upkeep_steps ? x.engine.upkeep_time_ns / static_cast<double>(x.engine.upkeep_steps) : 0.0);
         j.field("max_candidates", static_cast<std::uint64_t>(x.max_candidates));
+        j.field("device_syncs", x.device_syncs).field("device_allocs", x.device_allocs);
+        j.field("device_frees", x.device_frees);
         j.field("verify_checks", x.verify_checks).field("verify_mismatches", x.verify_mismatches);
         j.field("wall_seconds", x.wall_seconds);
         j.end_object();

@@ -195,6 +195,9 @@ class replayer {
       const memory_stats s = alloc_->stats();
       r.peak_reserved = static_cast<std::size_t>(s.reserved_bytes[0].peak);
       r.peak_allocated = static_cast<std::size_t>(s.allocated_bytes[0].peak);
+      r.device_syncs = s.num_sync_all_streams;
+      r.device_allocs = s.num_device_alloc;
+      r.device_frees = s.num_device_free;
     }
     if (engine_) r.engine = engine_->stats();
     r.eager_drops = eager_drops_;
@@ -220,6 +223,8 @@ class replayer {
     sc.capacity = c_.capacity != 0 ? c_.capacity : 2 * s.peak_live_bytes + (std::size_t{1} << 30);
     if (c_.budget != unlimited_budget) sc.capacity = std::max(sc.capacity, c_.budget + (std::size_t{256} << 20));
     sc.h2d_bandwidth = sc.d2h_bandwidth = c_.link_bandwidth;
+    sc.segment_reserve_latency_ns = sc.page_map_latency_ns = c_.driver_latency_ns;
+    sc.device_sync_latency_ns = c_.sync_latency_ns;
     sim_ = std::make_shared<sim_device>(sc);
     allocator_config ac;
     ac.budget = c_.budget;

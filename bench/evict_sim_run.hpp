@@ -48,6 +48,10 @@ struct run_config {
   bool oom_layout = false;                 // on out of memory, print the segments' layout to stderr
   std::uint64_t seed = 1;
   double link_bandwidth = 50e9;            // host <-> device, bytes per second, each way
+  // Driver costs charged on the simulated clock (sim_config): per segment reserved or released and
+  // per page map or unmap call (driver_latency_ns), per device synchronisation (sync_latency_ns).
+  std::uint64_t driver_latency_ns = 0;
+  std::uint64_t sync_latency_ns = 0;
   std::size_t candidate_samples = 400;     // at most this many candidate counts per run
 };
 
@@ -67,6 +71,11 @@ struct run_result {
   std::uint64_t verify_checks = 0;
   std::uint64_t verify_mismatches = 0;
   std::uint64_t allocator_warnings = 0;
+  // The allocator's driver traffic: device synchronisations, segments or pages reserved and
+  // released.
+  std::int64_t device_syncs = 0;
+  std::int64_t device_allocs = 0;
+  std::int64_t device_frees = 0;
   double wall_seconds = 0;
 
   std::uint64_t pressure_evictions() const noexcept { return engine.evictions - eager_drops; }

@@ -131,6 +131,25 @@ TEST_CASE("segments: segment_reserve_latency_ns moves the manual clock") {
   CHECK(dev.now_ns() == 10000);
 }
 
+TEST_CASE("vmm and sync: page_map_latency_ns and device_sync_latency_ns move the manual clock") {
+  sim_config c = test_config();
+  c.page_map_latency_ns = 700;
+  c.device_sync_latency_ns = 3000;
+  sim_device dev(c);
+  auto* base = static_cast<std::uint8_t*>(dev.reserve_address_range(4 * k_gran));
+  REQUIRE(base != nullptr);
+  CHECK(dev.now_ns() == 0);  // address space is not a driver allocation here
+  REQUIRE(dev.map_physical(base, 2 * k_gran));
+  CHECK(dev.now_ns() == 700);  // one call, whatever its size
+  dev.unmap_physical(base, 2 * k_gran);
+  CHECK(dev.now_ns() == 1400);
+  const stream_ref s = dev.create_stream();
+  dev.launch(s, 10000);       // starts at 1,400
+  dev.synchronize_device();  // drains the queue (11,400), then the bubble
+  CHECK(dev.now_ns() == 14400);
+  dev.release_address_range(base, 4 * k_gran);
+}
+
 TEST_CASE("vmm: ranges are aligned; maps count against capacity; pages hold data") {
   sim_device dev(test_config());
   auto* base = static_cast<std::uint8_t*>(dev.reserve_address_range(8 * k_gran));

@@ -4,8 +4,8 @@
 // Every call that is not noexcept first completes the work that is due by the current time
 // (realtime: by the wall clock), and calls that enqueue do so again afterwards, so an op of zero
 // duration on an idle stream has completed when the call returns. Kernel effects therefore run on
-// whichever thread's call reaches their end time. Memory calls never run effects:
-// segment_reserve_latency_ns only moves the clock, and the next call completes what that made due.
+// whichever thread's call reaches their end time. Memory calls never run effects: the driver
+// latencies (sim_config) only move the clock, and the next call completes what that made due.
 #include "spillway/sim_device.hpp"
 
 #include <array>
@@ -117,6 +117,7 @@ void sim_device::synchronize_device() {
   lock_type lock(state_->mutex);
   state_->scheduler.catch_up_releasing_lock(lock);
   state_->scheduler.synchronize_device_releasing_lock(lock);
+  state_->scheduler.skip_clock(state_->config.device_sync_latency_ns);
 }
 
 // --- virtual memory --------------------------------------------------------------------------------
@@ -137,12 +138,15 @@ bool sim_device::map_physical(void* addr, std::size_t bytes) {
   std::lock_guard lock(state_->mutex);
   state_->memory.check_map(addr, bytes);  // misuse throws before a fault is spent on it
   if (state_->faults.should_fail(fault_site::page_map, state_->counters)) return false;
-  return state_->memory.map(addr, bytes);
+  if (!state_->memory.map(addr, bytes)) return false;
+  state_->scheduler.skip_clock(state_->config.page_map_latency_ns);
+  return true;
 }
 
 void sim_device::unmap_physical(void* addr, std::size_t bytes) noexcept {
   std::lock_guard lock(state_->mutex);
   state_->memory.unmap(addr, bytes);
+  state_->scheduler.skip_clock(state_->config.page_map_latency_ns);
 }
 
 // --- streams and events ----------------------------------------------------------------------------

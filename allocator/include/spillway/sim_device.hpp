@@ -46,7 +46,7 @@
 //   back into the device. In realtime mode any call may run effects, so an effect must not take a
 //   lock that callers of the device hold. An exception from an effect propagates out of the call
 //   that ran it; the kernel still counts as completed. Memory calls never run effects
-//   (segment_reserve_latency_ns just moves the clock).
+//   (the driver latencies in sim_config just move the clock).
 // - hold(s) freezes s: an op in flight is cancelled (its engine freed, its effect not applied) and
 //   restarts with its full duration at release(s). An effect already running finishes.
 // - Blocking calls never sleep: they run the simulation, jumping the clock to the completion they
@@ -91,7 +91,13 @@ struct sim_config {
   double d2h_bandwidth = 50e9;
   double d2d_bandwidth = 1.5e12;   // a device-to-device copy reads and writes: half of ~3 TB/s
   std::uint64_t copy_latency_ns = 2000;
-  std::uint64_t segment_reserve_latency_ns = 0;  // added to the clock by reserve/release (cudaMalloc cost)
+  // Driver costs, added to the clock (0: free). What a trace replay charges for the allocator's
+  // calls to the driver: a segment reserved or released (cudaMalloc / cudaFree), a map or unmap of
+  // pages (cuMemMap / cuMemUnmap, per call), and a device synchronisation beyond draining the
+  // queues (the pipeline bubble while the host launches again).
+  std::uint64_t segment_reserve_latency_ns = 0;
+  std::uint64_t page_map_latency_ns = 0;
+  std::uint64_t device_sync_latency_ns = 0;
 };
 
 struct sim_counters {
