@@ -212,7 +212,7 @@ void write_json(bench::json_writer& j, const std::vector<trace_report>& reports)
         j.field("upkeep_mean_ns", x.engine.upkeep_steps ? x.engine.upkeep_time_ns / static_cast<double>(x.engine.upkeep_steps) : 0.0);
         j.field("max_candidates", static_cast<std::uint64_t>(x.max_candidates));
         j.field("device_syncs", x.device_syncs).field("device_allocs", x.device_allocs);
-        j.field("device_frees", x.device_frees);
+        j.field("device_frees", x.device_frees).field("releases_before_eviction", x.releases_before_eviction);
         j.field("verify_checks", x.verify_checks).field("verify_mismatches", x.verify_mismatches);
         j.field("wall_seconds", x.wall_seconds);
         j.end_object();

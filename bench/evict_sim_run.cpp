@@ -198,6 +198,7 @@ class replayer {
       r.device_syncs = s.num_sync_all_streams;
       r.device_allocs = s.num_device_alloc;
       r.device_frees = s.num_device_free;
+      r.releases_before_eviction = s.num_releases_before_eviction;
     }
     if (engine_) r.engine = engine_->stats();
     r.eager_drops = eager_drops_;

@@ -72,10 +72,11 @@ struct run_result {
   std::uint64_t verify_mismatches = 0;
   std::uint64_t allocator_warnings = 0;
   // The allocator's driver traffic: device synchronisations, segments or pages reserved and
-  // released.
+  // released, and allocations over the budget that a release served without eviction.
   std::int64_t device_syncs = 0;
   std::int64_t device_allocs = 0;
   std::int64_t device_frees = 0;
+  std::int64_t releases_before_eviction = 0;
   double wall_seconds = 0;
 
   std::uint64_t pressure_evictions() const noexcept { return engine.evictions - eager_drops; }

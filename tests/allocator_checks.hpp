@@ -181,6 +181,7 @@ inline void check_same_stats(const memory_stats& before, const memory_stats& aft
   CHECK(before.budget == after.budget);
   CHECK(before.num_pressure_handler_calls == after.num_pressure_handler_calls);
   CHECK(before.pressure_handler_freed_bytes == after.pressure_handler_freed_bytes);
+  CHECK(before.num_releases_before_eviction == after.num_releases_before_eviction);
 }
 
 inline void check_same_snapshot(const memory_snapshot& a, const memory_snapshot& b) {

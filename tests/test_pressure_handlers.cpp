@@ -134,6 +134,92 @@ TEST_CASE("with expandable segments a request needs granules anywhere, not a con
   alloc.deallocate(b);
 }
 
+TEST_CASE("free cached segments that cover the shortfall are given back before any handler runs") {
+  under_budget u;
+  u.alloc.deallocate(u.b);  // its 12 MiB segment stays cached: 24 MiB reserved, 12 allocated
+  int calls = 0;
+  u.alloc.add_pressure_handler([&](const pressure_request&) {
+    ++calls;  // would evict `a`, a live activation, for memory the cache already holds
+    const std::size_t freed = u.alloc.describe(u.a).size;
+    u.alloc.deallocate(u.a);
+    return pressure_result{freed, 0};
+  });
+  const memory_stats before = u.alloc.stats();
+  // 14 MiB fits no cached block, and a new segment would be 8 MiB over the budget: releasing
+  // the cached 12 MiB covers that.
+  void* c = u.alloc.allocate(14 * MiB, u.s);
+  const memory_stats st = u.alloc.stats();
+  CHECK(calls == 0);
+  CHECK(u.alloc.owns(u.a));
+  CHECK(st.num_releases_before_eviction == before.num_releases_before_eviction + 1);
+  CHECK(st.num_sync_all_streams == before.num_sync_all_streams + 1);  // the release's one sync
+  CHECK(st.num_device_free == before.num_device_free + 1);
+  CHECK(st.num_pressure_handler_calls == before.num_pressure_handler_calls);
+  CHECK(st.reserved_bytes[0].current == static_cast<std::int64_t>(26 * MiB));
+  check_consistent(u.alloc);
+  u.alloc.deallocate(c);
+  u.alloc.deallocate(u.a);
+}
+
+TEST_CASE("with expandable segments, free granules that cover the shortfall are unmapped before any handler runs") {
+  auto env = make_sim_env();
+  const std::size_t g = env->backend->vmm_granularity();
+  REQUIRE(g > 0);
+  allocator_config c = env->config();
+  c.expandable_segments = true;
+  c.expandable_address_range = 256 * MiB;
+  c.budget = 6 * g;
+  device_allocator alloc(env->backend, c);
+  void* a = alloc.allocate(2 * g);
+  void* b = alloc.allocate(2 * g);
+  void* d = alloc.allocate(g);
+  void* e = alloc.allocate(g);  // 6 granules mapped: the budget
+  alloc.deallocate(a);          // 2 + 1 free granules, apart: no free block holds 3
+  alloc.deallocate(d);
+  int calls = 0;
+  alloc.add_pressure_handler([&](const pressure_request&) {
+    ++calls;
+    alloc.deallocate(b);
+    return pressure_result{2 * g, 0};
+  });
+  const memory_stats before = alloc.stats();
+  void* x = alloc.allocate(3 * g);  // 3 new granules, 3 over: the free ones cover that
+  const memory_stats st = alloc.stats();
+  CHECK(calls == 0);
+  CHECK(alloc.owns(b));
+  CHECK(st.num_releases_before_eviction == before.num_releases_before_eviction + 1);
+  CHECK(st.reserved_bytes[0].current <= static_cast<std::int64_t>(6 * g));
+  check_consistent(alloc);
+  alloc.deallocate(x);
+  alloc.deallocate(b);
+  alloc.deallocate(e);
+}
+
+TEST_CASE("free cache that does not cover the shortfall is kept while the handlers are asked") {
+  under_budget u;
+  void* small = u.alloc.allocate(4096, u.env->new_stream());
+  u.alloc.deallocate(small);  // a cached 2 MiB segment: 26 MiB reserved, 6 MiB short for 12
+  pressure_request seen;
+  int calls = 0;
+  u.alloc.add_pressure_handler([&](const pressure_request& r) {
+    seen = r;
+    ++calls;
+    const std::size_t freed = u.alloc.describe(u.a).size;
+    u.alloc.deallocate(u.a);  // its segment serves the request in place
+    return pressure_result{freed, 0};
+  });
+  const memory_stats before = u.alloc.stats();
+  void* c = u.alloc.allocate(12 * MiB, u.s);
+  const memory_stats st = u.alloc.stats();
+  CHECK(calls == 1);
+  CHECK(seen.reserved == 26 * MiB);  // nothing was released before the handler
+  CHECK(st.num_releases_before_eviction == before.num_releases_before_eviction);
+  CHECK(st.num_sync_all_streams == before.num_sync_all_streams);  // served in place: no sync
+  check_consistent(u.alloc);
+  u.alloc.deallocate(c);
+  u.alloc.deallocate(u.b);
+}
+
 TEST_CASE("a small-pool request under pressure names the small pool") {
   auto env = make_sim_env();
   allocator_config c = env->config();

@@ -113,6 +113,8 @@ struct device_allocator::impl {
                                                        const pressure_request& request);
   pressure_request make_request_locked(const detail::block_pool& pool, stream_ref stream,
                                        std::size_t rounded) const;
+  std::size_t budget_shortfall_locked(std::size_t rounded) const noexcept;
+  std::size_t releasable_bytes_locked() const noexcept;
   std::size_t release_cached_locked();
   void release_segment_locked(detail::segment* seg) noexcept;
   detail::block* map_hole_locked(detail::block_pool& pool, stream_ref stream, std::size_t rounded,

@@ -5,15 +5,18 @@
 //
 //   1. reap_completed_events      cross-stream frees whose events completed become reusable
 //   2. reserve                    a new segment (or more pages of the expandable one) within budget
-//   3. pressure handlers          the eviction engine frees activations (lock released), and
+//   3. release what covers it     if the cache's free segments (or free granules) cover the
+//                                 budget shortfall, give them back and reserve: no eviction
+//   4. pressure handlers          the eviction engine frees activations (lock released), and
 //                                 frees that wait on copy events are awaited; segments the
 //                                 evictions emptied are released before the next round
-//   4. release_cached             frees pending on other streams are awaited; every free segment
+//   5. release_cached             frees pending on other streams are awaited; every free segment
 //                                 goes back to the device, then reserve again
-//   5. fail                       out_of_memory, with the numbers that explain it
+//   6. fail                       out_of_memory, with the numbers that explain it
 //
-// Releasing cached segments comes after eviction because it synchronises the device (like
-// cudaFree), while eviction is stream-ordered and asynchronous.
+// A release synchronises the device (like cudaFree) and eviction does not, but an eviction costs
+// a recompute or a copy later; step 3 releases only when that alone serves the request. The
+// Note says when each way is taken.
 #include <algorithm>
 #include <sstream>
 
@@ -38,7 +41,15 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
   if (block* b = reserve_locked(pool, stream, rounded)) return b;
 
   ++stats.num_alloc_retries;
-  // Step 3: pressure handlers, then frees that wait on events they scheduled. Rounds go on while
+  // Step 3: the cache holds what the budget lacks. Giving it back costs one device
+  // synchronisation; evicting instead would cost a recompute or a copy per victim, and the round
+  // would usually end in the same release (below), since the free segments are still there.
+  if (const std::size_t shortfall = budget_shortfall_locked(rounded);
+      shortfall > 0 && releasable_bytes_locked() >= shortfall && release_cached_locked() > 0) {
+    ++stats.num_releases_before_eviction;
+    if (block* b = reserve_locked(pool, stream, rounded)) return b;
+  }
+  // Step 4: pressure handlers, then frees that wait on events they scheduled. Rounds go on while
   // they free memory: evictions scattered over segments that other live blocks hold may take many
   // before a range fits, and the request fails only once nothing more can be evicted. A round
   // that claims bytes but frees no allocation ends them (a handler that cannot make progress).
@@ -62,7 +73,7 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
     }
     if (r.freed == 0 || stats.allocated_bytes[0].current >= live_before) break;
   }
-  // Step 4: wait for the frees still pending on other streams (the release below synchronises
+  // Step 5: wait for the frees still pending on other streams (the release below synchronises
   // the device anyway; without this, memory the caller has freed would be reported as missing),
   // then give every free segment back to the device and reserve again.
   if (pending_count > 0 && await_pending_frees_locked(/*all=*/true)) {
@@ -71,7 +82,7 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
   if (release_cached_locked() > 0) {
     if (block* b = reserve_locked(pool, stream, rounded)) return b;
   }
-  // Step 5: fail; nothing has changed for the caller.
+  // Step 6: fail; nothing has changed for the caller.
   throw_out_of_memory_locked(requested, rounded, pinned);
 }
 
@@ -177,7 +188,7 @@ block* device_allocator::impl::reserve_segment_locked(block_pool& pool, stream_r
   return b;
 }
 
-// --- step 3: pressure handlers ----------------------------------------------------------------------
+// --- step 4: pressure handlers ----------------------------------------------------------------------
 
 pressure_request device_allocator::impl::make_request_locked(const block_pool& pool,
                                                              stream_ref stream,
@@ -189,12 +200,18 @@ pressure_request device_allocator::impl::make_request_locked(const block_pool& p
   r.small_pool = pool.small();
   r.budget = budget;
   r.reserved = reserved_locked();
-  // The new memory the request needs: whole granules (expandable), or its smallest segment.
   r.contiguous = granularity == 0;
-  const std::size_t need = r.reserved + (r.contiguous ? size_classes::min_segment_size(rounded)
-                                                      : size_classes::round_up(rounded, granularity));
-  r.shortfall = need > budget ? need - budget : 0;
+  r.shortfall = budget_shortfall_locked(rounded);
   return r;
+}
+
+// The bytes over the budget that new memory for the request would take: whole granules
+// (expandable), or its smallest segment.
+std::size_t device_allocator::impl::budget_shortfall_locked(std::size_t rounded) const noexcept {
+  const std::size_t need = reserved_locked() + (granularity == 0
+                                                    ? size_classes::min_segment_size(rounded)
+                                                    : size_classes::round_up(rounded, granularity));
+  return need > budget ? need - budget : 0;
 }
 
 pressure_result device_allocator::impl::run_pressure_handlers_releasing_lock(
@@ -225,7 +242,23 @@ pressure_result device_allocator::impl::run_pressure_handlers_releasing_lock(
   return total;
 }
 
-// --- step 4: release -------------------------------------------------------------------------------
+// --- steps 3 and 5: release -------------------------------------------------------------------------------
+
+// The bytes release_cached_locked would give back now: whole free segments, and the whole free
+// granules of expandable segments' free blocks. Frees still waiting on events are not counted.
+std::size_t device_allocator::impl::releasable_bytes_locked() const noexcept {
+  std::size_t bytes = 0;
+  for (const segment& s : segments) {
+    if (!s.expandable) {
+      if (s.fully_free()) bytes += s.size;
+      continue;
+    }
+    for (const block* b = s.first; b != nullptr; b = b->next) {
+      if (b->status == block_status::free) bytes += free_granules(b).second;
+    }
+  }
+  return bytes;
+}
 
 // Gives every free segment (and the free tail pages of expandable segments) back to the device.
 // Returns the bytes released. See Note [Releasing memory to the device].

@@ -4,8 +4,9 @@
 // - allocate(bytes, stream) returns a 512-byte aligned pointer, usable in stream order on `stream`.
 //   It throws invalid_argument for bytes == 0 or bytes > size_classes::max_request_size, and
 //   out_of_memory when the request cannot fit within the budget and the device after the whole
-//   pressure path: reuse -> reap finished events -> reserve -> pressure handlers -> release cached
-//   segments -> fail (Note [Memory pressure path]). After out_of_memory no live allocation has
+//   pressure path: reuse -> reap finished events -> reserve -> release the free cache when that
+//   alone covers the budget's shortfall -> pressure handlers -> release cached segments -> fail
+//   (Note [Memory pressure path]). After out_of_memory no live allocation has
 //   changed (cached memory may have been released, and pressure handlers may have evicted).
 // - deallocate(ptr) is noexcept. A block returns to its pool at once when only its own stream used
 //   it; when record_stream added other streams, it returns once an event recorded on each of them
