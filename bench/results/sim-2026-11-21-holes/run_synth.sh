@@ -4,7 +4,7 @@
 # Usage: run_synth.sh SRC  (SRC: a clean export of the commit under test, spillway-evict-sim built
 #   in SRC/build; see run_resnet1202.sh)
 set -eu
-OUT=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-$(cd "$(dirname "$0")" && pwd)}  # OUT=DIR: write there instead
 cd "$1"
 for m in mlp resnet transformer unet; do
   for X in "" "--expandable"; do
