@@ -161,6 +161,37 @@ TEST_CASE("free cached segments that cover the shortfall are given back before a
   u.alloc.deallocate(u.a);
 }
 
+TEST_CASE("that release gives back only the cached segments it needs: the smallest that covers the shortfall") {
+  auto env = make_sim_env();
+  allocator_config c = env->config();
+  c.budget = 40 * MiB;
+  device_allocator alloc(env->backend, c);
+  const stream_ref s = env->new_stream();
+  void* a = alloc.allocate(12 * MiB, s);
+  void* b = alloc.allocate(12 * MiB, s);
+  void* d = alloc.allocate(14 * MiB, s);
+  alloc.deallocate(b);  // cached: 12 and 14 MiB segments, 38 MiB reserved
+  alloc.deallocate(d);
+  int calls = 0;
+  alloc.add_pressure_handler([&](const pressure_request&) {
+    ++calls;
+    return pressure_result{0, 0};
+  });
+  const memory_stats before = alloc.stats();
+  void* x = alloc.allocate(16 * MiB, s);  // 14 MiB over: the 14 MiB segment covers it alone
+  memory_stats st = alloc.stats();
+  CHECK(calls == 0);
+  CHECK(st.num_device_free == before.num_device_free + 1);
+  CHECK(st.reserved_bytes[0].current == static_cast<std::int64_t>(40 * MiB));
+  void* y = alloc.allocate(12 * MiB, s);  // the 12 MiB segment stayed cached
+  st = alloc.stats();
+  CHECK(st.num_device_alloc == before.num_device_alloc + 1);
+  check_consistent(alloc);
+  alloc.deallocate(x);
+  alloc.deallocate(y);
+  alloc.deallocate(a);
+}
+
 TEST_CASE("with expandable segments, free granules that cover the shortfall are unmapped before any handler runs") {
   auto env = make_sim_env();
   const std::size_t g = env->backend->vmm_granularity();

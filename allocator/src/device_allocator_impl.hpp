@@ -114,8 +114,10 @@ struct device_allocator::impl {
   pressure_request make_request_locked(const detail::block_pool& pool, stream_ref stream,
                                        std::size_t rounded) const;
   std::size_t budget_shortfall_locked(std::size_t rounded) const noexcept;
+  std::size_t releasable_locked(const detail::segment& s) const noexcept;
   std::size_t releasable_bytes_locked() const noexcept;
-  std::size_t release_cached_locked();
+  static constexpr std::size_t all_cached = ~std::size_t{0};
+  std::size_t release_cached_locked(std::size_t enough = all_cached);
   void release_segment_locked(detail::segment* seg) noexcept;
   detail::block* map_hole_locked(detail::block_pool& pool, stream_ref stream, std::size_t rounded,
                                  std::size_t limit);

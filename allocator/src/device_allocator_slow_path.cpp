@@ -18,7 +18,10 @@
 // a recompute or a copy later; step 3 releases only when that alone serves the request. The
 // Note says when each way is taken.
 #include <algorithm>
+#include <iterator>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "device_allocator_impl.hpp"
 
@@ -45,7 +48,7 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
   // synchronisation; evicting instead would cost a recompute or a copy per victim, and the round
   // would usually end in the same release (below), since the free segments are still there.
   if (const std::size_t shortfall = budget_shortfall_locked(rounded);
-      shortfall > 0 && releasable_bytes_locked() >= shortfall && release_cached_locked() > 0) {
+      shortfall > 0 && releasable_bytes_locked() >= shortfall && release_cached_locked(shortfall) > 0) {
     ++stats.num_releases_before_eviction;
     if (block* b = reserve_locked(pool, stream, rounded)) return b;
   }
@@ -244,40 +247,46 @@ pressure_result device_allocator::impl::run_pressure_handlers_releasing_lock(
 
 // --- steps 3 and 5: release -------------------------------------------------------------------------------
 
-// The bytes release_cached_locked would give back now: whole free segments, and the whole free
-// granules of expandable segments' free blocks. Frees still waiting on events are not counted.
-std::size_t device_allocator::impl::releasable_bytes_locked() const noexcept {
+// What releasing `s` would give back now: the whole segment if it is free, or the whole free
+// granules of an expandable segment's free blocks. Frees still waiting on events are not counted.
+std::size_t device_allocator::impl::releasable_locked(const segment& s) const noexcept {
+  if (!s.expandable) return s.fully_free() ? s.size : 0;
   std::size_t bytes = 0;
-  for (const segment& s : segments) {
-    if (!s.expandable) {
-      if (s.fully_free()) bytes += s.size;
-      continue;
-    }
-    for (const block* b = s.first; b != nullptr; b = b->next) {
-      if (b->status == block_status::free) bytes += free_granules(b).second;
-    }
+  for (const block* b = s.first; b != nullptr; b = b->next) {
+    if (b->status == block_status::free) bytes += free_granules(b).second;
   }
   return bytes;
 }
 
-// Gives every free segment (and the free tail pages of expandable segments) back to the device.
+std::size_t device_allocator::impl::releasable_bytes_locked() const noexcept {
+  std::size_t bytes = 0;
+  for (const segment& s : segments) bytes += releasable_locked(s);
+  return bytes;
+}
+
+// Gives free cached memory back to the device: every free segment and the whole free granules of
+// expandable segments, or, with `enough`, only as many segments as give back that many bytes (the
+// smallest that does alone, else the largest first), so that the cache keeps what it can.
 // Returns the bytes released. See Note [Releasing memory to the device].
-std::size_t device_allocator::impl::release_cached_locked() {
+std::size_t device_allocator::impl::release_cached_locked(std::size_t enough) {
   // Frees pending on other streams are awaited first, as PyTorch's synchronize_and_free_events
   // does: the release synchronises the device anyway, and a block that becomes free may make its
   // segment free. A stream that cannot be waited for (a held sim stream) keeps its blocks pending.
   if (pending_count > 0) await_pending_frees_locked(/*all=*/true);
   // Synchronise only if something will be released: a whole free segment, an empty expandable
   // range, or a free block of an expandable one holding at least one whole granule.
-  const auto releasable = [this](const segment& s) {
-    if (!s.expandable) return s.fully_free();
-    if (s.first == nullptr) return true;
-    for (const block* b = s.first; b != nullptr; b = b->next) {
-      if (b->status == block_status::free && free_granules(b).second > 0) return true;
-    }
-    return false;
-  };
-  if (std::none_of(segments.begin(), segments.end(), releasable)) return 0;
+  std::vector<std::pair<std::size_t, segment*>> chosen;  // (bytes, segment)
+  for (segment& s : segments) {
+    const std::size_t bytes = releasable_locked(s);
+    if (bytes > 0 || (s.expandable && s.first == nullptr)) chosen.emplace_back(bytes, &s);
+  }
+  if (chosen.empty()) return 0;
+  if (enough != all_cached) {
+    std::sort(chosen.begin(), chosen.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    // The smallest segment that covers `enough` alone goes first; otherwise the largest ones do.
+    const auto alone = std::find_if(chosen.rbegin(), chosen.rend(), [&](const auto& c) { return c.first >= enough; });
+    if (alone != chosen.rend()) std::rotate(chosen.begin(), std::prev(alone.base()), alone.base());
+  }
   try {
     backend->synchronize_device();  // queued work may still touch free blocks of their own stream
     ++stats.num_sync_all_streams;
@@ -287,11 +296,11 @@ std::size_t device_allocator::impl::release_cached_locked() {
     return 0;
   }
   std::size_t released = 0;
-  for (auto it = segments.begin(); it != segments.end();) {
-    segment* seg = &*it++;
+  for (const auto& [bytes, seg] : chosen) {
+    if (released >= enough) break;
     if (seg->expandable) {
       released += unmap_free_pages_locked(seg);
-    } else if (seg->fully_free()) {
+    } else {
       released += seg->size;
       release_segment_locked(seg);
     }

@@ -15,8 +15,8 @@ import json, sys
 d = json.load(sys.stdin)
 for t in d["traces"]:
     for r in t["runs"]:
-        print(json.dumps({"expandable": "'"$X"'" != "", "driver_us": '"$us"', **{k: r[k] for k in r if k in
-            ("policy", "ratio", "ok", "overhead", "extra_compute_ns", "stall_ns", "device_syncs",
+        print(json.dumps({"expandable": "'"$X"'" != "", "driver_us": '"$us"', "baseline_ns": t["baseline_ns"],
+            **{k: r[k] for k in r if k in ("policy", "ratio", "ok", "time_ns", "overhead", "extra_compute_ns", "stall_ns", "device_syncs",
              "device_allocs", "device_frees", "releases_before_eviction", "verify_mismatches")}}))
 ' >> "$2"
   done
