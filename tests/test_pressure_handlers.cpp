@@ -1,4 +1,5 @@
-// test_pressure_handlers: step 3 of Note [Memory pressure path], the hook eviction uses.
+// test_pressure_handlers: steps 3 and 4 of Note [Memory pressure path]: the release of free cache
+// that covers the shortfall, and the hook eviction uses.
 //
 // It proves: when an allocation does not fit the budget, the handlers are called on the
 // allocating thread, without the device lock (a handler may deallocate, and allocate and free, on
@@ -8,7 +9,9 @@
 // released and then to out_of_memory reporting what the handler said was pinned; a throwing
 // handler is reported through on_warning (delivered without the lock) and the next one still
 // runs; a removed handler is not called; rounds go on while a handler frees allocations (past
-// any small fixed number) and stop at the first that claims progress but frees none; lowering
+// any small fixed number) and stop at the first that claims progress but frees none; free cached
+// segments (or granules) that cover the budget's shortfall are given back before any handler is
+// asked, only as many as needed, and free cache that does not cover it is kept; lowering
 // the budget asks the handlers too; the counters count calls, retries and freed bytes.
 // A deadlock would hang these tests: a watchdog aborts with a message instead.
 #include <doctest/doctest.h>
@@ -16,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <initializer_list>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -161,35 +165,69 @@ TEST_CASE("free cached segments that cover the shortfall are given back before a
   u.alloc.deallocate(u.a);
 }
 
-TEST_CASE("that release gives back only the cached segments it needs: the smallest that covers the shortfall") {
+namespace {
+
+// Segments of `sizes` MiB reserved on `s`, then freed: a cache of free segments.
+void cache_segments(device_allocator& alloc, stream_ref s, std::initializer_list<std::size_t> sizes) {
+  std::vector<void*> blocks;
+  for (std::size_t mib : sizes) blocks.push_back(alloc.allocate(mib * MiB, s));
+  for (void* p : blocks) alloc.deallocate(p);
+}
+
+}  // namespace
+
+TEST_CASE("that release gives back only what covers the shortfall: the smallest segment that does alone") {
   auto env = make_sim_env();
   allocator_config c = env->config();
-  c.budget = 40 * MiB;
+  c.budget = 48 * MiB;
   device_allocator alloc(env->backend, c);
   const stream_ref s = env->new_stream();
   void* a = alloc.allocate(12 * MiB, s);
-  void* b = alloc.allocate(12 * MiB, s);
-  void* d = alloc.allocate(14 * MiB, s);
-  alloc.deallocate(b);  // cached: 12 and 14 MiB segments, 38 MiB reserved
-  alloc.deallocate(d);
+  cache_segments(alloc, s, {12, 16});  // 40 MiB reserved
   int calls = 0;
   alloc.add_pressure_handler([&](const pressure_request&) {
     ++calls;
     return pressure_result{0, 0};
   });
   const memory_stats before = alloc.stats();
-  void* x = alloc.allocate(16 * MiB, s);  // 14 MiB over: the 14 MiB segment covers it alone
+  void* x = alloc.allocate(18 * MiB, s);  // 10 MiB over: the 12 MiB segment covers it, and goes
   memory_stats st = alloc.stats();
   CHECK(calls == 0);
+  CHECK(st.num_releases_before_eviction == before.num_releases_before_eviction + 1);
+  CHECK(st.num_sync_all_streams == before.num_sync_all_streams + 1);
   CHECK(st.num_device_free == before.num_device_free + 1);
-  CHECK(st.reserved_bytes[0].current == static_cast<std::int64_t>(40 * MiB));
-  void* y = alloc.allocate(12 * MiB, s);  // the 12 MiB segment stayed cached
-  st = alloc.stats();
-  CHECK(st.num_device_alloc == before.num_device_alloc + 1);
+  CHECK(st.reserved_bytes[0].current == static_cast<std::int64_t>(46 * MiB));
+  void* y = alloc.allocate(16 * MiB, s);  // the 16 MiB segment stayed cached
+  CHECK(alloc.stats().num_device_alloc == before.num_device_alloc + 1);
   check_consistent(alloc);
-  alloc.deallocate(x);
-  alloc.deallocate(y);
-  alloc.deallocate(a);
+  for (void* p : {x, y, a}) alloc.deallocate(p);
+}
+
+TEST_CASE("that release gives back the largest segments first when none covers the shortfall alone") {
+  auto env = make_sim_env();
+  allocator_config c = env->config();
+  c.budget = 50 * MiB;
+  device_allocator alloc(env->backend, c);
+  const stream_ref s = env->new_stream();
+  void* a = alloc.allocate(12 * MiB, s);
+  cache_segments(alloc, s, {10, 12, 14});  // 48 MiB reserved
+  int calls = 0;
+  alloc.add_pressure_handler([&](const pressure_request&) {
+    ++calls;
+    return pressure_result{0, 0};
+  });
+  const memory_stats before = alloc.stats();
+  void* x = alloc.allocate(26 * MiB, s);  // 24 MiB over: 14 + 12 cover it, 10 stays
+  memory_stats st = alloc.stats();
+  CHECK(calls == 0);
+  CHECK(st.num_releases_before_eviction == before.num_releases_before_eviction + 1);
+  CHECK(st.num_sync_all_streams == before.num_sync_all_streams + 1);
+  CHECK(st.num_device_free == before.num_device_free + 2);
+  CHECK(st.reserved_bytes[0].current == static_cast<std::int64_t>(48 * MiB));
+  void* y = alloc.allocate(10 * MiB, s);  // the 10 MiB segment stayed cached
+  CHECK(alloc.stats().num_device_alloc == before.num_device_alloc + 1);
+  check_consistent(alloc);
+  for (void* p : {x, y, a}) alloc.deallocate(p);
 }
 
 TEST_CASE("with expandable segments, free granules that cover the shortfall are unmapped before any handler runs") {

@@ -6,7 +6,9 @@
 //   1. reap_completed_events      cross-stream frees whose events completed become reusable
 //   2. reserve                    a new segment (or more pages of the expandable one) within budget
 //   3. release what covers it     if the cache's free segments (or free granules) cover the
-//                                 budget shortfall, give them back and reserve: no eviction
+//                                 budget shortfall, give back those that cover it (frees
+//                                 pending on other streams awaited first) and reserve: no
+//                                 eviction
 //   4. pressure handlers          the eviction engine frees activations (lock released), and
 //                                 frees that wait on copy events are awaited; segments the
 //                                 evictions emptied are released before the next round
@@ -48,9 +50,17 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
   // synchronisation; evicting instead would cost a recompute or a copy per victim, and the round
   // would usually end in the same release (below), since the free segments are still there.
   if (const std::size_t shortfall = budget_shortfall_locked(rounded);
-      shortfall > 0 && releasable_bytes_locked() >= shortfall && release_cached_locked(shortfall) > 0) {
-    ++stats.num_releases_before_eviction;
-    if (block* b = reserve_locked(pool, stream, rounded)) return b;
+      shortfall > 0 && releasable_bytes_locked() >= shortfall) {
+    // The release awaits the frees pending on other streams first: one may serve it in place.
+    if (pending_count > 0 && await_pending_frees_locked(/*all=*/true)) {
+      if (block* b = pool.best_fit(stream, rounded)) return b;
+    }
+    if (release_cached_locked(shortfall) > 0) {
+      if (block* b = reserve_locked(pool, stream, rounded)) {
+        ++stats.num_releases_before_eviction;
+        return b;
+      }
+    }
   }
   // Step 4: pressure handlers, then frees that wait on events they scheduled. Rounds go on while
   // they free memory: evictions scattered over segments that other live blocks hold may take many
@@ -269,23 +279,36 @@ std::size_t device_allocator::impl::releasable_bytes_locked() const noexcept {
 // smallest that does alone, else the largest first), so that the cache keeps what it can.
 // Returns the bytes released. See Note [Releasing memory to the device].
 std::size_t device_allocator::impl::release_cached_locked(std::size_t enough) {
+  if (enough == 0) return 0;
   // Frees pending on other streams are awaited first, as PyTorch's synchronize_and_free_events
   // does: the release synchronises the device anyway, and a block that becomes free may make its
   // segment free. A stream that cannot be waited for (a held sim stream) keeps its blocks pending.
   if (pending_count > 0) await_pending_frees_locked(/*all=*/true);
-  // Synchronise only if something will be released: a whole free segment, an empty expandable
-  // range, or a free block of an expandable one holding at least one whole granule.
+  const auto has_release = [this](const segment& s) {
+    return releasable_locked(s) > 0 || (s.expandable && s.first == nullptr);  // or an empty range
+  };
+  const auto release = [this](segment* seg) {
+    if (seg->expandable) return unmap_free_pages_locked(seg);
+    const std::size_t bytes = seg->size;
+    release_segment_locked(seg);
+    return bytes;
+  };
+  // With `enough`, the chosen few: largest first (lowest address first among equals, so placement
+  // stays deterministic), and before them all the smallest that covers `enough` alone, if any.
   std::vector<std::pair<std::size_t, segment*>> chosen;  // (bytes, segment)
-  for (segment& s : segments) {
-    const std::size_t bytes = releasable_locked(s);
-    if (bytes > 0 || (s.expandable && s.first == nullptr)) chosen.emplace_back(bytes, &s);
-  }
-  if (chosen.empty()) return 0;
   if (enough != all_cached) {
-    std::sort(chosen.begin(), chosen.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-    // The smallest segment that covers `enough` alone goes first; otherwise the largest ones do.
-    const auto alone = std::find_if(chosen.rbegin(), chosen.rend(), [&](const auto& c) { return c.first >= enough; });
+    for (segment& s : segments) {
+      if (has_release(s)) chosen.emplace_back(releasable_locked(s), &s);
+    }
+    std::sort(chosen.begin(), chosen.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second->address < b.second->address;
+    });
+    const auto alone = std::find_if(chosen.rbegin(), chosen.rend(),
+                                    [&](const auto& c) { return c.first >= enough; });
     if (alone != chosen.rend()) std::rotate(chosen.begin(), std::prev(alone.base()), alone.base());
+    if (chosen.empty()) return 0;
+  } else if (std::none_of(segments.begin(), segments.end(), has_release)) {
+    return 0;  // synchronise only if something will be released
   }
   try {
     backend->synchronize_device();  // queued work may still touch free blocks of their own stream
@@ -296,14 +319,16 @@ std::size_t device_allocator::impl::release_cached_locked(std::size_t enough) {
     return 0;
   }
   std::size_t released = 0;
+  if (enough == all_cached) {
+    for (auto it = segments.begin(); it != segments.end();) {
+      segment* seg = &*it++;  // released segments leave the list
+      if (seg->expandable || seg->fully_free()) released += release(seg);
+    }
+    return released;
+  }
   for (const auto& [bytes, seg] : chosen) {
     if (released >= enough) break;
-    if (seg->expandable) {
-      released += unmap_free_pages_locked(seg);
-    } else {
-      released += seg->size;
-      release_segment_locked(seg);
-    }
+    released += release(seg);
   }
   return released;
 }
@@ -371,7 +396,7 @@ budget_report device_allocator::impl::set_budget_releasing_lock(std::unique_lock
   return report;
 }
 
-// --- step 5: fail ----------------------------------------------------------------------------------
+// --- step 6: fail ----------------------------------------------------------------------------------
 
 void device_allocator::impl::throw_out_of_memory_locked(std::size_t requested, std::size_t rounded,
                                                         std::size_t pinned) {

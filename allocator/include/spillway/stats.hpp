@@ -69,7 +69,7 @@ struct memory_stats {
   std::int64_t num_pressure_handler_calls = 0;
   std::int64_t pressure_handler_freed_bytes = 0;
   // Allocations over the budget served by giving free cached memory back, with no handler call
-  // (step 3 of Note [Memory pressure path]).
+  // (step 3 of Note [Memory pressure path]): counted when the reservation that followed succeeded.
   std::int64_t num_releases_before_eviction = 0;
 };
 
