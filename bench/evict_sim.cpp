@@ -23,6 +23,7 @@
 #include <iostream>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "bench_common.hpp"
 #include "evict_sim_chain.hpp"
@@ -274,9 +275,11 @@ int run(int argc, char** argv) {
   o.base.oom_layout = args.flag("oom-layout");
   o.base.link_bandwidth = args.get_double("link-gbps", 50) * 1e9;
   const double driver_us = args.get_double("driver-us", 0), sync_us = args.get_double("sync-us", 0);
-  if (!(driver_us >= 0) || !(sync_us >= 0)) {
-    throw spillway::invalid_argument("--driver-us " + std::to_string(driver_us) + " / --sync-us " +
-                                     std::to_string(sync_us) + ": expected microseconds >= 0");
+  for (const auto& [name, us] : {std::pair{"--driver-us", driver_us}, std::pair{"--sync-us", sync_us}}) {
+    if (!(us >= 0 && us <= 1e6)) {  // NaN fails too
+      throw spillway::invalid_argument(std::string(name) + " " + std::to_string(us) +
+                                       ": expected microseconds from 0 to 1000000");
+    }
   }
   o.base.driver_latency_ns = static_cast<std::uint64_t>(driver_us * 1000);
   o.base.sync_latency_ns = static_cast<std::uint64_t>(sync_us * 1000);

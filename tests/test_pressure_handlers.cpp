@@ -20,6 +20,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <initializer_list>
+#include <memory>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -167,67 +168,62 @@ TEST_CASE("free cached segments that cover the shortfall are given back before a
 
 namespace {
 
-// Segments of `sizes` MiB reserved on `s`, then freed: a cache of free segments.
-void cache_segments(device_allocator& alloc, stream_ref s, std::initializer_list<std::size_t> sizes) {
-  std::vector<void*> blocks;
-  for (std::size_t mib : sizes) blocks.push_back(alloc.allocate(mib * MiB, s));
-  for (void* p : blocks) alloc.deallocate(p);
-}
+// A live 12 MiB block on `s` and free cached segments of `sizes` MiB, under `budget_mib`, with a
+// handler that only counts its calls (it has nothing to evict).
+struct cached_under_budget {
+  std::unique_ptr<backend_env> env = make_sim_env();
+  std::unique_ptr<device_allocator> alloc;
+  stream_ref s = env->new_stream();
+  void* a = nullptr;
+  int calls = 0;
+
+  cached_under_budget(std::size_t budget_mib, std::initializer_list<std::size_t> sizes) {
+    allocator_config c = env->config();
+    c.budget = budget_mib * MiB;
+    alloc = std::make_unique<device_allocator>(env->backend, c);
+    a = alloc->allocate(12 * MiB, s);
+    std::vector<void*> blocks;
+    for (std::size_t mib : sizes) blocks.push_back(alloc->allocate(mib * MiB, s));
+    for (void* p : blocks) alloc->deallocate(p);
+    alloc->add_pressure_handler([this](const pressure_request&) {
+      ++calls;
+      return pressure_result{0, 0};
+    });
+  }
+};
 
 }  // namespace
 
 TEST_CASE("that release gives back only what covers the shortfall: the smallest segment that does alone") {
-  auto env = make_sim_env();
-  allocator_config c = env->config();
-  c.budget = 48 * MiB;
-  device_allocator alloc(env->backend, c);
-  const stream_ref s = env->new_stream();
-  void* a = alloc.allocate(12 * MiB, s);
-  cache_segments(alloc, s, {12, 16});  // 40 MiB reserved
-  int calls = 0;
-  alloc.add_pressure_handler([&](const pressure_request&) {
-    ++calls;
-    return pressure_result{0, 0};
-  });
-  const memory_stats before = alloc.stats();
-  void* x = alloc.allocate(18 * MiB, s);  // 10 MiB over: the 12 MiB segment covers it, and goes
-  memory_stats st = alloc.stats();
-  CHECK(calls == 0);
+  cached_under_budget u(48, {12, 16});  // 40 MiB reserved
+  const memory_stats before = u.alloc->stats();
+  void* x = u.alloc->allocate(18 * MiB, u.s);  // 10 MiB over: the 12 MiB segment covers it, and goes
+  memory_stats st = u.alloc->stats();
+  CHECK(u.calls == 0);
   CHECK(st.num_releases_before_eviction == before.num_releases_before_eviction + 1);
   CHECK(st.num_sync_all_streams == before.num_sync_all_streams + 1);
   CHECK(st.num_device_free == before.num_device_free + 1);
   CHECK(st.reserved_bytes[0].current == static_cast<std::int64_t>(46 * MiB));
-  void* y = alloc.allocate(16 * MiB, s);  // the 16 MiB segment stayed cached
-  CHECK(alloc.stats().num_device_alloc == before.num_device_alloc + 1);
-  check_consistent(alloc);
-  for (void* p : {x, y, a}) alloc.deallocate(p);
+  void* y = u.alloc->allocate(16 * MiB, u.s);  // the 16 MiB segment stayed cached
+  CHECK(u.alloc->stats().num_device_alloc == before.num_device_alloc + 1);
+  check_consistent(*u.alloc);
+  for (void* p : {x, y, u.a}) u.alloc->deallocate(p);
 }
 
 TEST_CASE("that release gives back the largest segments first when none covers the shortfall alone") {
-  auto env = make_sim_env();
-  allocator_config c = env->config();
-  c.budget = 50 * MiB;
-  device_allocator alloc(env->backend, c);
-  const stream_ref s = env->new_stream();
-  void* a = alloc.allocate(12 * MiB, s);
-  cache_segments(alloc, s, {10, 12, 14});  // 48 MiB reserved
-  int calls = 0;
-  alloc.add_pressure_handler([&](const pressure_request&) {
-    ++calls;
-    return pressure_result{0, 0};
-  });
-  const memory_stats before = alloc.stats();
-  void* x = alloc.allocate(26 * MiB, s);  // 24 MiB over: 14 + 12 cover it, 10 stays
-  memory_stats st = alloc.stats();
-  CHECK(calls == 0);
+  cached_under_budget u(50, {10, 12, 14});  // 48 MiB reserved
+  const memory_stats before = u.alloc->stats();
+  void* x = u.alloc->allocate(26 * MiB, u.s);  // 24 MiB over: 14 + 12 cover it, 10 stays
+  memory_stats st = u.alloc->stats();
+  CHECK(u.calls == 0);
   CHECK(st.num_releases_before_eviction == before.num_releases_before_eviction + 1);
   CHECK(st.num_sync_all_streams == before.num_sync_all_streams + 1);
   CHECK(st.num_device_free == before.num_device_free + 2);
   CHECK(st.reserved_bytes[0].current == static_cast<std::int64_t>(48 * MiB));
-  void* y = alloc.allocate(10 * MiB, s);  // the 10 MiB segment stayed cached
-  CHECK(alloc.stats().num_device_alloc == before.num_device_alloc + 1);
-  check_consistent(alloc);
-  for (void* p : {x, y, a}) alloc.deallocate(p);
+  void* y = u.alloc->allocate(10 * MiB, u.s);  // the 10 MiB segment stayed cached
+  CHECK(u.alloc->stats().num_device_alloc == before.num_device_alloc + 1);
+  check_consistent(*u.alloc);
+  for (void* p : {x, y, u.a}) u.alloc->deallocate(p);
 }
 
 TEST_CASE("with expandable segments, free granules that cover the shortfall are unmapped before any handler runs") {

@@ -284,9 +284,6 @@ std::size_t device_allocator::impl::release_cached_locked(std::size_t enough) {
   // does: the release synchronises the device anyway, and a block that becomes free may make its
   // segment free. A stream that cannot be waited for (a held sim stream) keeps its blocks pending.
   if (pending_count > 0) await_pending_frees_locked(/*all=*/true);
-  const auto has_release = [this](const segment& s) {
-    return releasable_locked(s) > 0 || (s.expandable && s.first == nullptr);  // or an empty range
-  };
   const auto release = [this](segment* seg) {
     if (seg->expandable) return unmap_free_pages_locked(seg);
     const std::size_t bytes = seg->size;
@@ -298,16 +295,18 @@ std::size_t device_allocator::impl::release_cached_locked(std::size_t enough) {
   std::vector<std::pair<std::size_t, segment*>> chosen;  // (bytes, segment)
   if (enough != all_cached) {
     for (segment& s : segments) {
-      if (has_release(s)) chosen.emplace_back(releasable_locked(s), &s);
+      if (const std::size_t bytes = releasable_locked(s); bytes > 0) chosen.emplace_back(bytes, &s);
     }
+    if (chosen.empty()) return 0;
     std::sort(chosen.begin(), chosen.end(), [](const auto& a, const auto& b) {
       return a.first != b.first ? a.first > b.first : a.second->address < b.second->address;
     });
     const auto alone = std::find_if(chosen.rbegin(), chosen.rend(),
                                     [&](const auto& c) { return c.first >= enough; });
     if (alone != chosen.rend()) std::rotate(chosen.begin(), std::prev(alone.base()), alone.base());
-    if (chosen.empty()) return 0;
-  } else if (std::none_of(segments.begin(), segments.end(), has_release)) {
+  } else if (std::none_of(segments.begin(), segments.end(), [this](const segment& s) {
+               return releasable_locked(s) > 0 || (s.expandable && s.first == nullptr);  // empty range
+             })) {
     return 0;  // synchronise only if something will be released
   }
   try {
