@@ -5,7 +5,8 @@
 // reused for the same stream and never for another; blocks split and coalesce so that the snapshot
 // tiles every segment; requests land in the small or large pool per the size table; empty_cache
 // gives every free segment back; the statistics and the snapshot report what happened, field by
-// field; describe/owns/coalesced_size_if_freed answer for live pointers; the budget caps reserved
+// field; describe/owns/coalesced_size_if_freed/releasable_if_freed answer for live pointers (a
+// segment counts as releasable once freeing empties it); the budget caps reserved
 // bytes, out_of_memory explains itself, lowering the budget trims the cache, a budget below live
 // memory is refused and scoped_budget restores. (Expandable segments: test_allocator_expandable.cpp.)
 #include <doctest/doctest.h>
@@ -503,6 +504,29 @@ TEST_CASE_TEMPLATE("describe, owns and coalesced_size_if_freed", B, SPILLWAY_ALL
   alloc.deallocate(b);
   CHECK(alloc.coalesced_size_if_freed(c) == 2 * MiB);
   alloc.deallocate(c);
+  env.backend->synchronize_device();
+  alloc.empty_cache();
+  check_consistent(alloc);
+}
+
+TEST_CASE_TEMPLATE("releasable_if_freed: a fixed segment counts once freeing empties it", B, SPILLWAY_ALL_BACKENDS) {
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  device_allocator alloc(env.backend, env.config());
+  const stream_ref s = env.new_stream();
+
+  void* a = alloc.allocate(100 * KiB, s);
+  void* b = alloc.allocate(200 * KiB, s);
+  CHECK(alloc.releasable_if_freed(a) == 0);  // b still lives in the 2 MiB segment
+  CHECK(alloc.releasable_if_freed(b) == 0);
+  void* big = alloc.allocate(2 * MiB, s);  // a large segment of its own
+  CHECK(alloc.releasable_if_freed(big) == alloc.describe(big).segment_size);
+  // A free pending on another stream counts as free, as in coalesced_size_if_freed.
+  alloc.record_stream(a, env.new_stream());
+  alloc.deallocate(a);
+  CHECK(alloc.releasable_if_freed(b) == 2 * MiB);
+  CHECK(alloc.releasable_if_freed(a) == 0);  // not live
+  alloc.deallocate(b);
+  alloc.deallocate(big);
   env.backend->synchronize_device();
   alloc.empty_cache();
   check_consistent(alloc);

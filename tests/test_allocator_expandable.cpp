@@ -1,7 +1,8 @@
 // test_allocator_expandable: expandable (VMM) segments, run against every backend with VMM: one
 // segment per (pool, stream) grows in place in whole granules; a used-up address range is followed
 // by another; a release unmaps the whole granules of free blocks anywhere (holes, which growth
-// maps again) and synchronises only when something is released; a growing workload peaks lower than with fixed segments; a backend
+// maps again) and synchronises only when something is released; releasable_if_freed counts the
+// whole granules a free adds; a growing workload peaks lower than with fixed segments; a backend
 // without VMM ignores the option with a warning. See Note [Expandable segments].
 #include <doctest/doctest.h>
 
@@ -42,6 +43,36 @@ allocator_config expandable_config(const backend_env& env) {
       return;                                                                                  \
     }                                                                                          \
   } while (0)
+
+TEST_CASE_TEMPLATE("expandable: releasable_if_freed counts the whole granules a free adds", B, SPILLWAY_ALL_BACKENDS) {
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  SKIP_WITHOUT_VMM(env);
+  const std::size_t g = env.backend->vmm_granularity();
+  device_allocator alloc(env.backend, expandable_config(env));
+
+  // [a: 1.5g][b: g][c: 1.5g][d: 2g] (all in the large pool): b straddles granules 1 and 2,
+  // which it shares with a and c.
+  void* a = alloc.allocate(3 * g / 2);
+  void* b = alloc.allocate(g);
+  void* c = alloc.allocate(3 * g / 2);
+  void* d = alloc.allocate(2 * g);
+  REQUIRE(static_cast<char*>(b) == static_cast<char*>(a) + 3 * g / 2);
+  REQUIRE(static_cast<char*>(d) == static_cast<char*>(a) + 4 * g);
+  CHECK(alloc.releasable_if_freed(b) == 0);      // a and c keep both its granules mapped
+  CHECK(alloc.releasable_if_freed(d) == 2 * g);  // its own whole granules
+  alloc.deallocate(a);
+  CHECK(alloc.releasable_if_freed(b) == g);  // with a free, granule 1 (granule 0 is a's already)
+  alloc.deallocate(c);
+  CHECK(alloc.releasable_if_freed(b) == 2 * g);  // granules 1 and 2
+  // Granules already whole in free neighbours are not counted again: with a, b and c free,
+  // freeing d adds its own two granules only.
+  alloc.deallocate(b);
+  CHECK(alloc.releasable_if_freed(d) == 2 * g);
+  alloc.deallocate(d);
+  alloc.empty_cache();
+  CHECK(alloc.stats().reserved_bytes[0].current == 0);
+  check_consistent(alloc);
+}
 
 TEST_CASE_TEMPLATE("expandable: one segment per stream and pool grows in place", B, SPILLWAY_ALL_BACKENDS) {
   SPILLWAY_BACKEND_OR_SKIP(B, env);

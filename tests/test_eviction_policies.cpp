@@ -13,7 +13,8 @@
 // nothing on the request's stream and pool was sampled, except that a request that needs a new
 // segment takes a whole segment covering the shortfall (or, failing that, the cheapest whole
 // segment); it asks for at most 24 ranges per decision, those of the cheapest candidates that
-// could beat a fit by size; make_policy rejects unknown names with a message naming them and the
+// could beat a fit by size; with expandable segments it weighs DTR's best elsewhere too, by the
+// whole granules its eviction frees (none: not taken); make_policy rejects unknown names with a message naming them and the
 // choices; dtr_score falls with size and staleness and rises with cost.
 #include <doctest/doctest.h>
 
@@ -72,6 +73,13 @@ class fake_view final : public candidate_view {
     FAIL("contiguous_if_evicted asked for an id that is not a candidate");
     return 0;
   }
+  std::size_t releasable_if_evicted(buffer_id id) const override {
+    ++releasable_lookups;
+    if (auto it = releasable.find(id.value); it != releasable.end()) return it->second;
+    return 0;
+  }
+  std::unordered_map<std::uint64_t, std::size_t> releasable;  // id -> bytes; default: none
+  mutable int releasable_lookups = 0;
 };
 
 candidate_info make_candidate(std::uint64_t id, std::size_t size, double cost_ns, double staleness_ns,
@@ -266,23 +274,49 @@ TEST_CASE("dtr-frag: a fit beats a lower-h victim unless building the range that
   CHECK(frag->choose(view, bytes_request(8 * k_mib, s))->value == 1);
 }
 
-TEST_CASE("dtr-frag: with expandable segments (no contiguous range needed) it chooses as dtr") {
+TEST_CASE("dtr-frag: with expandable segments DTR's best elsewhere counts only the granules it frees") {
   const stream_ref s{1};
   fake_view view;
-  view.items.push_back(make_candidate(1, k_mib, 1e3, 1e3, s));             // the best DTR victim
+  // 1: the best DTR victim, in the small pool (another pool: it cannot serve the request in place).
+  view.items.push_back(make_candidate(1, k_mib, 1e3, 1e3, s, /*small_pool=*/true));
   view.items.push_back(make_candidate(2, 3 * k_mib / 2, 1.8e3, 1e3, s));  // fits by size, h 1.2x
-  view.items.push_back(make_candidate(3, 2 * k_mib, 1e7, 1e3, s));  // a whole 16 MiB segment
-  view.items.back().whole_segment = true;
-  view.items.back().segment_size = 16 * k_mib;
   eviction_request r = bytes_request(3 * k_mib / 2, s);
   r.shortfall = 2 * k_mib;
-  auto frag = make_policy("dtr-frag");
-  // Contiguous: the fit (1 of 1.5 MiB would take 2 evictions like 1: a rate of 2 against 1.8).
-  REQUIRE(frag->choose(view, r)->value == 2);
   r.contiguous = false;
-  view.lookups = 0;
+  auto frag = make_policy("dtr-frag");
+  // 1 shares its granules with live blocks: evicting it gives nothing back, so the fit wins
+  // (choosing as dtr did until this change took 1).
+  CHECK(frag->choose(view, r)->value == 2);
+  CHECK(view.releasable_lookups == 1);
+  CHECK(make_policy("dtr")->choose(view, r)->value == 1);
+  // If evicting 1 frees a whole 2 MiB granule (with its free neighbours), one eviction like it
+  // covers the shortfall, at a rate (h x size) of 1 against the fit's 1.8: DTR's best.
+  view.releasable[1] = 2 * k_mib;
   CHECK(frag->choose(view, r)->value == 1);
-  CHECK(view.lookups == 0);
+  // A granule when the shortfall is two: 2 evictions like it (rate 2) against 1.8: the fit.
+  r.shortfall = 4 * k_mib;
+  CHECK(frag->choose(view, r)->value == 2);
+  // Within the budget (no shortfall) nothing elsewhere helps: the fit, with no lookup.
+  r.shortfall = 0;
+  view.releasable_lookups = 0;
+  CHECK(frag->choose(view, r)->value == 2);
+  CHECK(view.releasable_lookups == 0);
+}
+
+TEST_CASE("dtr-frag: with expandable segments growing a range in place is weighed as with fixed ones") {
+  const stream_ref s{1};
+  fake_view view;
+  view.items.push_back(make_candidate(1, k_mib, 1e3, 1e3, s));             // in place, 1 MiB range
+  view.items.push_back(make_candidate(2, 3 * k_mib / 2, 1.8e3, 1e3, s));  // fits by size, h 1.2x
+  eviction_request r = bytes_request(3 * k_mib / 2, s);
+  r.shortfall = 2 * k_mib;
+  r.contiguous = false;
+  auto frag = make_policy("dtr-frag");
+  // Growing takes 2 evictions like 1 (rate 2) against the fit's 1.8: the fit.
+  CHECK(frag->choose(view, r)->value == 2);
+  // With its free neighbours 1's range is 1.5 MiB: it fits too, at a lower h, and wins.
+  view.ranges[1] = 3 * k_mib / 2;
+  CHECK(frag->choose(view, r)->value == 1);
 }
 
 TEST_CASE("dtr-frag: a request that needs a new segment takes a whole segment covering the shortfall") {

@@ -166,6 +166,32 @@ std::size_t device_allocator::coalesced_size_if_freed(const void* ptr) const noe
   return size;
 }
 
+std::size_t device_allocator::releasable_if_freed(const void* ptr) const noexcept {
+  const impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  const block* b = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (b == nullptr) return 0;
+  const auto reclaimable = [](const block* n) {
+    return n != nullptr &&
+           (n->status == block_status::free || n->status == block_status::pending_free);
+  };
+  // The range [lo, hi) that b coalesces into, as in coalesced_size_if_freed.
+  std::uintptr_t lo = b->address;
+  std::uintptr_t hi = b->address + b->size;
+  for (const block* n = b->prev; reclaimable(n); n = n->prev) lo = n->address;
+  for (const block* n = b->next; reclaimable(n); n = n->next) hi = n->address + n->size;
+  if (!b->seg->expandable) return hi - lo == b->seg->size ? b->seg->size : 0;
+  // Whole granules of [lo, hi), less those of its two free parts beside b, which a release
+  // could give back already.
+  const std::size_t g = m.granularity;
+  const auto whole = [g](std::uintptr_t from, std::uintptr_t to) -> std::size_t {
+    const std::uintptr_t a = size_classes::round_up(from, g);
+    const std::uintptr_t z = to / g * g;
+    return z > a ? z - a : 0;
+  };
+  return whole(lo, hi) - whole(lo, b->address) - whole(b->address + b->size, hi);
+}
+
 std::size_t device_allocator::largest_free_block() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->largest_free_locked();

@@ -60,6 +60,12 @@ class engine_candidate_view final : public candidate_view {
                ? m_.allocator.coalesced_size_if_freed(e->device_ptr)
                : 0;
   }
+  std::size_t releasable_if_evicted(buffer_id id) const override {
+    const buffer_entry* e = m_.buffers.find(id.value);
+    return e != nullptr && e->device_ptr != nullptr
+               ? m_.allocator.releasable_if_freed(e->device_ptr)
+               : 0;
+  }
 
  private:
   const eviction_engine::impl& m_;

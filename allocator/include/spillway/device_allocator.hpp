@@ -89,6 +89,12 @@ class device_allocator {
   // has completed: its own block plus the run of free and pending-free neighbours around it in its
   // segment. 0 if ptr is not live. For fragmentation-aware eviction.
   std::size_t coalesced_size_if_freed(const void* ptr) const noexcept;
+  // The bytes that deallocating `ptr` would add to what a release can give back to the device,
+  // counting pending frees as free as above: its segment's size if that leaves the segment
+  // empty (fixed segments), or the whole granules of that coalesced range that are not already
+  // whole granules of its free neighbours (expandable segments: a block that shares its granules
+  // with live blocks adds none). 0 if ptr is not live. For eviction under a budget.
+  std::size_t releasable_if_freed(const void* ptr) const noexcept;
 
   budget_report set_budget(std::size_t bytes);
   std::size_t budget() const noexcept;

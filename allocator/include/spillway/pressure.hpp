@@ -32,10 +32,13 @@ struct pressure_request {
   // (size_classes::min_segment_size(bytes)) exceeds the budget, 0 if within budget; for
   // set_budget, reserved - the budget asked for.
   std::size_t shortfall = 0;
-  // False with expandable segments: memory freed anywhere in the request's pool is unmapped and
-  // mapped again where the request goes, so freeing `shortfall` bytes serves it, contiguous or
-  // not (Note [Expandable segments]). True with fixed segments: `bytes` must be free in one
-  // range of a segment of the request's stream and pool, or whole segments must be given back.
+  // False with expandable segments: `bytes` free in one range of the request's stream and pool
+  // serve it in place, and so do whole free granules anywhere that cover `shortfall` (they are
+  // unmapped and mapped again where the request goes; Note [Expandable segments]); bytes freed
+  // in granules that live blocks still share give nothing back
+  // (device_allocator::releasable_if_freed tells). True with fixed segments: `bytes` must be
+  // free in one range of a segment of the request's stream and pool, or whole segments must be
+  // given back.
   bool contiguous = true;
 };
 

@@ -18,8 +18,9 @@
 //                    (given back, it makes room for a new segment); if none does, the one leaving
 //                    the largest range (in 1/16ths of the request, h breaking ties) wins, so
 //                    evictions grow one hole; with nothing sampled in the request's pool and
-//                    stream, the whole segment with the smallest h, else plain DTR
-//                    (policy_dtr.cpp explains why)
+//                    stream, the whole segment with the smallest h, else plain DTR; with
+//                    expandable segments DTR's best elsewhere competes too, by the whole
+//                    granules its eviction frees (policy_dtr.cpp explains why)
 // A policy object serves one engine: choose() is not thread-safe (the sampling policies advance
 // their random generator) and is called under the engine's lock.
 // See Note [Eviction policies] in docs/eviction.md.
@@ -61,8 +62,9 @@ struct eviction_request {
   // Bytes over the budget that a new segment for the request would need (0: one fits): freeing
   // whole segments of that many bytes lets the allocator give them back and reserve one.
   std::size_t shortfall = 0;
-  // False (expandable segments): freeing `shortfall` bytes anywhere serves the request, so where
-  // the victims lie does not matter. See pressure_request::contiguous.
+  // False (expandable segments): besides a free range in place, whole free granules anywhere
+  // that cover `shortfall` serve the request (they are unmapped and mapped where it goes); bytes
+  // freed among live blocks of their granules do not. See pressure_request::contiguous.
   bool contiguous = true;
 };
 
@@ -79,6 +81,10 @@ class candidate_view {
   // The contiguous free range that evicting `id` would leave, counting free and pending-free
   // neighbours (device_allocator::coalesced_size_if_freed). Costs a lookup in the allocator.
   virtual std::size_t contiguous_if_evicted(buffer_id id) const = 0;
+  // The bytes that evicting `id` would let the allocator give back to the device: its segment
+  // if that empties it, or, with expandable segments, the whole granules it frees
+  // (device_allocator::releasable_if_freed). Costs a lookup in the allocator.
+  virtual std::size_t releasable_if_evicted(buffer_id id) const = 0;
 };
 
 class eviction_policy {
