@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <utility>
 
 #include "device_allocator_impl.hpp"
 
@@ -149,21 +150,31 @@ allocation_info device_allocator::describe(const void* ptr) const {
   return info;
 }
 
+namespace {
+// The range [lo, hi) that freeing live block b would coalesce into: b and the runs of free and
+// pending-free neighbours around it. Pending frees become free once their events complete (the
+// pressure path waits for them), so they count: evicting several neighbours in a row builds one
+// range.
+std::pair<std::uintptr_t, std::uintptr_t> range_if_freed(const block* b) noexcept {
+  const auto reclaimable = [](const block* n) {
+    return n != nullptr &&
+           (n->status == block_status::free || n->status == block_status::pending_free);
+  };
+  std::uintptr_t lo = b->address;
+  std::uintptr_t hi = b->address + b->size;
+  for (const block* n = b->prev; reclaimable(n); n = n->prev) lo = n->address;
+  for (const block* n = b->next; reclaimable(n); n = n->next) hi = n->address + n->size;
+  return {lo, hi};
+}
+}  // namespace
+
 std::size_t device_allocator::coalesced_size_if_freed(const void* ptr) const noexcept {
   const impl& m = *impl_;
   std::lock_guard lock(m.mutex);
   const block* b = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (b == nullptr) return 0;
-  // Pending frees become free once their events complete (the pressure path waits for them), so
-  // they count: evicting several neighbours in a row builds one range.
-  const auto reclaimable = [](const block* n) {
-    return n != nullptr &&
-           (n->status == block_status::free || n->status == block_status::pending_free);
-  };
-  std::size_t size = b->size;
-  for (const block* n = b->prev; reclaimable(n); n = n->prev) size += n->size;
-  for (const block* n = b->next; reclaimable(n); n = n->next) size += n->size;
-  return size;
+  const auto [lo, hi] = range_if_freed(b);
+  return hi - lo;
 }
 
 std::size_t device_allocator::releasable_if_freed(const void* ptr) const noexcept {
@@ -171,23 +182,15 @@ std::size_t device_allocator::releasable_if_freed(const void* ptr) const noexcep
   std::lock_guard lock(m.mutex);
   const block* b = m.live.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (b == nullptr) return 0;
-  const auto reclaimable = [](const block* n) {
-    return n != nullptr &&
-           (n->status == block_status::free || n->status == block_status::pending_free);
-  };
-  // The range [lo, hi) that b coalesces into, as in coalesced_size_if_freed.
-  std::uintptr_t lo = b->address;
-  std::uintptr_t hi = b->address + b->size;
-  for (const block* n = b->prev; reclaimable(n); n = n->prev) lo = n->address;
-  for (const block* n = b->next; reclaimable(n); n = n->next) hi = n->address + n->size;
+  const auto [lo, hi] = range_if_freed(b);
   if (!b->seg->expandable) return hi - lo == b->seg->size ? b->seg->size : 0;
-  // Whole granules of [lo, hi), less those of its two free parts beside b, which a release
-  // could give back already.
+  // Whole granules of [lo, hi), less those of its free parts beside b, which a release could
+  // give back already.
   const std::size_t g = m.granularity;
   const auto whole = [g](std::uintptr_t from, std::uintptr_t to) -> std::size_t {
-    const std::uintptr_t a = size_classes::round_up(from, g);
-    const std::uintptr_t z = to / g * g;
-    return z > a ? z - a : 0;
+    const std::uintptr_t first = size_classes::round_up(from, g);
+    const std::uintptr_t last = to / g * g;
+    return last > first ? last - first : 0;
   };
   return whole(lo, hi) - whole(lo, b->address) - whole(b->address + b->size, hi);
 }
