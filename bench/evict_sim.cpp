@@ -273,7 +273,12 @@ int run(int argc, char** argv) {
   o.base.expandable = args.flag("expandable");
   o.base.eager_drop = !args.flag("no-eager-drop");
   o.base.oom_layout = args.flag("oom-layout");
-  o.base.link_bandwidth = args.get_double("link-gbps", 50) * 1e9;
+  const double link_gbps = args.get_double("link-gbps", 50);
+  if (!(link_gbps > 0 && link_gbps <= 1e4)) {  // NaN fails too
+    throw spillway::invalid_argument("--link-gbps " + std::to_string(link_gbps) +
+                                     ": expected GB/s above 0, at most 10000");
+  }
+  o.base.link_bandwidth = link_gbps * 1e9;
   const double driver_us = args.get_double("driver-us", 0), sync_us = args.get_double("sync-us", 0);
   for (const auto& [name, us] : {std::pair{"--driver-us", driver_us}, std::pair{"--sync-us", sync_us}}) {
     if (!(us >= 0 && us <= 1e6)) {  // NaN fails too
@@ -291,7 +296,6 @@ int run(int argc, char** argv) {
   const bool is_smoke = args.flag("smoke");
   o.quiet = args.flag("quiet");
   args.finish();
-  if (o.base.link_bandwidth <= 0) throw spillway::invalid_argument("--link-gbps must be > 0");
   if (is_smoke) return smoke(o, json);
 
   const std::vector<std::string> names = traces_arg.empty() ? default_traces() : split_traces(traces_arg);
