@@ -123,6 +123,9 @@ struct device_allocator::impl {
                                  std::size_t limit);
   std::size_t unmap_free_pages_locked(detail::segment* seg) noexcept;
   std::size_t unmap_block_locked(detail::block*& b) noexcept;
+  std::pair<std::uintptr_t, std::size_t> whole_granules(std::uintptr_t from,
+                                                        std::uintptr_t to) const noexcept;
+  // The whole granules inside a block (whole_granules of its range).
   std::pair<std::uintptr_t, std::size_t> free_granules(const detail::block* b) const noexcept;
   budget_report set_budget_releasing_lock(std::unique_lock<std::mutex>& lock, std::size_t bytes,
                                   bool strict);

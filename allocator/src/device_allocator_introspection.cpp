@@ -186,13 +186,9 @@ std::size_t device_allocator::releasable_if_freed(const void* ptr) const noexcep
   if (!b->seg->expandable) return hi - lo == b->seg->size ? b->seg->size : 0;
   // Whole granules of [lo, hi), less those of its free parts beside b, which a release could
   // give back already.
-  const std::size_t g = m.granularity;
-  const auto whole = [g](std::uintptr_t from, std::uintptr_t to) -> std::size_t {
-    const std::uintptr_t first = size_classes::round_up(from, g);
-    const std::uintptr_t last = to / g * g;
-    return last > first ? last - first : 0;
-  };
-  return whole(lo, hi) - whole(lo, b->address) - whole(b->address + b->size, hi);
+  const std::uintptr_t end = b->address + b->size;
+  return m.whole_granules(lo, hi).second - m.whole_granules(lo, b->address).second -
+         m.whole_granules(end, hi).second;
 }
 
 std::size_t device_allocator::largest_free_block() const {
