@@ -116,14 +116,9 @@ class synthetic_view final : public eviction::candidate_view {
     auto it = ranges_.find(entry->second);
     return it == ranges_.end() ? 0 : it->second;
   }
-  // The modelled heap has fixed segments: whole granules are not modelled, a lookup costs the same.
-  std::size_t releasable_if_evicted(buffer_id id) const override {
-    ++lookups;
-    auto entry = registry_.find(id.value);
-    if (entry == registry_.end()) return 0;
-    std::lock_guard lock(allocator_mutex_);
-    return 0;
-  }
+  // The modelled heap has fixed segments and its requests are contiguous, so dtr-frag never asks
+  // (it does only for expandable segments); whole segments are described by the candidates.
+  std::size_t releasable_if_evicted(buffer_id) const override { return 0; }
 
   const std::vector<candidate_info>& items() const { return items_; }
   mutable std::uint64_t at_calls = 0;
