@@ -299,9 +299,10 @@ class dtr_frag_policy final : public eviction_policy {
       // pool's segment. Betting on those made ResNet-1202 at 22.5% of peak 180,545 drops.
       std::optional<buffer_id> best = fit.id;
       double best_rate = fit.id ? rate(fit.h, fit.size) : HUGE_VAL;
-      if (grow && evictions(bytes, grow_range) * rate(grow_h, grow_size) < best_rate) {
+      if (const double grow_rate = grow ? evictions(bytes, grow_range) * rate(grow_h, grow_size) : HUGE_VAL;
+          grow_rate < best_rate) {
         best = grow;
-        best_rate = evictions(bytes, grow_range) * rate(grow_h, grow_size);
+        best_rate = grow_rate;
       }
       if (shortfall > 0 && any.id != best) {
         if (const std::size_t granules = candidates.releasable_if_evicted(*any.id);
