@@ -55,19 +55,20 @@ class engine_candidate_view final : public candidate_view {
     return m_.describe_candidate_locked(m_.candidates.record(*e), now_);
   }
   std::size_t contiguous_if_evicted(buffer_id id) const override {
-    const buffer_entry* e = m_.buffers.find(id.value);
-    return e != nullptr && e->device_ptr != nullptr
-               ? m_.allocator.coalesced_size_if_freed(e->device_ptr)
-               : 0;
+    const void* p = device_ptr_of(id);
+    return p != nullptr ? m_.allocator.coalesced_size_if_freed(p) : 0;
   }
   std::size_t releasable_if_evicted(buffer_id id) const override {
-    const buffer_entry* e = m_.buffers.find(id.value);
-    return e != nullptr && e->device_ptr != nullptr
-               ? m_.allocator.releasable_if_freed(e->device_ptr)
-               : 0;
+    const void* p = device_ptr_of(id);
+    return p != nullptr ? m_.allocator.releasable_if_freed(p) : 0;
   }
 
  private:
+  const void* device_ptr_of(buffer_id id) const {
+    const buffer_entry* e = m_.buffers.find(id.value);
+    return e != nullptr ? e->device_ptr : nullptr;
+  }
+
   const eviction_engine::impl& m_;
   std::uint64_t now_;
 };
