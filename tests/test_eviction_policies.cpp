@@ -15,7 +15,8 @@
 // segment); it asks for at most 24 ranges per decision, those of the cheapest candidates that
 // could beat a fit by size; with expandable segments it weighs DTR's best elsewhere too, by the
 // whole granules its eviction frees (none: not taken); make_policy rejects unknown names with a message naming them and the
-// choices; dtr_score falls with size and staleness and rises with cost.
+// choices; dtr_score falls with size and staleness (or the predicted time to the next use, which
+// replaces staleness where there is one) and rises with cost.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -547,4 +548,17 @@ TEST_CASE("dtr_score: bigger or staler is a better victim, costlier a worse one"
     unknown.cost_ns = std::numeric_limits<double>::quiet_NaN();
     CHECK(dtr_score(unknown) == std::numeric_limits<double>::infinity());
   }
+}
+
+TEST_CASE("dtr_score: a predicted next use replaces staleness; without one, staleness counts") {
+  const candidate_info base = make_candidate(1, k_mib, 1e5, 1e6);  // next_use_ns: NaN
+  REQUIRE(std::isnan(base.next_use_ns));
+  candidate_info predicted = base;
+  predicted.next_use_ns = 4e6;  // needed again in 4 ms: as if 4 ms stale
+  CHECK(dtr_score(predicted) == doctest::Approx(dtr_score(base) / 4));
+  predicted.staleness_ns = 1;  // staleness no longer matters
+  CHECK(dtr_score(predicted) == doctest::Approx(dtr_score(base) / 4));
+  candidate_info soon = base;
+  soon.next_use_ns = 1e3;  // stale, but needed at once: a poor victim
+  CHECK(dtr_score(soon) > dtr_score(base));
 }

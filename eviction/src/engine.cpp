@@ -236,9 +236,13 @@ buffer_id eviction_engine::register_buffer(void* ptr, std::size_t size, stream_r
   node_entry* producer =
       options.producer.valid() ? &m.lookup_node_locked(options.producer, "register_buffer") : nullptr;
 
+  // First, as it may throw: a key left unused by a registration that fails later is harmless.
+  const detail::access_profile::step_key key =
+      m.config.predict_next_use ? m.access.on_register(size) : detail::access_profile::step_key{};
   std::uint64_t id = 0;
   buffer_entry* e = m.buffers.make(id);
   e->id = buffer_id{id};
+  e->access_key = key;
   e->device_ptr = ptr;
   e->size = size;
   e->stream = stream;
@@ -311,7 +315,9 @@ void eviction_engine::impl::release_entry_locked(buffer_entry& e) noexcept {
 pinned_buffer eviction_engine::pin(buffer_id id) {
   impl& m = *impl_;
   engine_lock lock(m);
-  buffer_entry& e = m.lookup_locked(id, "pin");
+  buffer_entry* e_ptr = &m.lookup_locked(id, "pin");
+  buffer_entry& e = *e_ptr;
+  m.note_access_locked({&e_ptr, 1});
   m.make_resident_locked(e, 0);
   m.pin_locked(e);
   return pinned_buffer(this, id, e.device_ptr, e.size);
@@ -320,7 +326,9 @@ pinned_buffer eviction_engine::pin(buffer_id id) {
 pinned_buffer eviction_engine::pin(buffer_id id, stream_ref use) {
   impl& m = *impl_;
   engine_lock lock(m);
-  buffer_entry& e = m.lookup_locked(id, "pin");
+  buffer_entry* e_ptr = &m.lookup_locked(id, "pin");
+  buffer_entry& e = *e_ptr;
+  m.note_access_locked({&e_ptr, 1});
   m.make_resident_locked(e, 0);
   m.pin_locked(e);
   try {
@@ -340,6 +348,7 @@ std::vector<pinned_buffer> eviction_engine::pin_all(std::span<const buffer_id> i
   pins.reserve(ids.size());
   engine_lock lock(m);
   for (buffer_id id : ids) entries.push_back(&m.lookup_locked(id, "pin_all"));  // throws first
+  m.note_access_locked(entries);
   m.pin_together_locked(entries, 0);
   // No pinned_buffer is made before every pin is taken: destroying one takes the engine lock.
   for (buffer_entry* e : entries) pins.push_back(pinned_buffer(this, e->id, e->device_ptr, e->size));
@@ -365,6 +374,27 @@ void eviction_engine::impl::pin_together_locked(std::span<buffer_entry* const> e
   } catch (...) {
     while (pinned > 0) unpin_locked(*order[--pinned]);
     throw;
+  }
+}
+
+// A caller's pin or pin_all is one access event of the step under way (Note [Next-use
+// prediction]); the engine's own pins, while it recomputes, are not.
+void eviction_engine::impl::note_access_locked(std::span<buffer_entry* const> entries) {
+  if (access.steps() == 0) return;
+  access.begin_event(now());
+  for (const buffer_entry* e : entries) access.on_read(e->access_key);
+}
+
+void eviction_engine::begin_step() {
+  impl& m = *impl_;
+  engine_lock lock(m);
+  if (!m.config.predict_next_use) return;
+  m.access.begin_step(m.now());
+  ++m.stats.steps;
+  // The candidates' next reads were in the last step's record; a buffer carried over from it has
+  // no key in the new one.
+  for (std::size_t i = 0; i < m.candidates.size(); ++i) {
+    m.candidates.record(*m.candidates.at(i).entry).next_read = detail::access_profile::no_event;
   }
 }
 
@@ -430,6 +460,7 @@ detail::candidate_record eviction_engine::impl::make_record_locked(buffer_entry&
   r.stream = e.stream;
   r.segment_size = e.segment_size;
   r.whole_segment = e.whole_segment;
+  r.next_read = access.next_read(e.access_key, e.size);
   r.mode = e.mode;
   r.small_pool = e.small_pool;
   r.can_drop = can_drop_locked(e);
@@ -491,6 +522,7 @@ engine_stats eviction_engine::stats() const {
   impl& m = *impl_;
   engine_lock lock(m);
   engine_stats s = m.stats;
+  s.next_use_mismatches = m.access.mismatches();
   s.resident_bytes = 0;
   m.buffers.for_each([&](const buffer_entry& e) {
     if (e.device_ptr != nullptr) s.resident_bytes += e.size;

@@ -53,6 +53,7 @@ struct eviction_engine::impl {
   std::vector<detail::dtr_class*> idle_classes;
   std::uint64_t upkeep_mark = 0;   // the last mark handed out to an upkeep step
   bool neighbourhood_lost = false; // an upkeep step ran out of host memory: estimates are 0 since
+  detail::access_profile access;   // next-use prediction, once steps are marked (begin_step)
   engine_stats stats;
   pressure_handler_id handler_id = 0;
 
@@ -67,6 +68,7 @@ struct eviction_engine::impl {
   detail::buffer_entry& lookup_locked(buffer_id id, const char* operation) const;
   detail::node_entry& lookup_node_locked(node_id id, const char* operation) const;
   void pin_locked(detail::buffer_entry& e);
+  void note_access_locked(std::span<detail::buffer_entry* const> entries);
   void pin_together_locked(std::span<detail::buffer_entry* const> entries, std::size_t depth);
   void unpin_locked(detail::buffer_entry& e) noexcept;
   void update_candidacy_locked(detail::buffer_entry& e);

@@ -26,15 +26,19 @@ constexpr policy_entry k_policies[] = {
 
 }  // namespace
 
-// h = (cost + neighbourhood cost) / (size x staleness). Size and staleness count as at least 1 so
-// that an empty or just-touched buffer gives a finite score; a negative cost counts as 0, and a
-// NaN cost or staleness ranks last (+inf), so a bad measurement never makes the favourite victim.
+// h = (cost + neighbourhood cost) / (size x horizon), the horizon being the predicted time to the
+// buffer's next use where the engine has one (Note [Next-use prediction]: evicting what is needed
+// last is Belady's choice), else DTR's staleness, the time since its last use, as its proxy.
+// Size and horizon count as at least 1 so that an empty or just-touched buffer gives a finite
+// score; a negative cost counts as 0, and a NaN cost or staleness ranks last (+inf), so a bad
+// measurement never makes the favourite victim.
 double dtr_score(const candidate_info& c) noexcept {
   constexpr double worst = std::numeric_limits<double>::infinity();
   const double cost = c.cost_ns + c.neighbourhood_cost_ns;
-  if (std::isnan(cost) || std::isnan(c.staleness_ns)) return worst;
+  const double horizon = std::isnan(c.next_use_ns) ? c.staleness_ns : c.next_use_ns;
+  if (std::isnan(cost) || std::isnan(horizon)) return worst;
   const double size = std::max(1.0, static_cast<double>(c.size));
-  const double staleness = std::max(1.0, c.staleness_ns);
+  const double staleness = std::max(1.0, horizon);
   const double h = std::max(0.0, cost) / (size * staleness);
   return std::isnan(h) ? worst : h;  // inf / inf
 }

@@ -21,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "access_profile.hpp"
 #include "spillway/eviction/buffer.hpp"
 #include "spillway/eviction/lineage.hpp"
 
@@ -63,6 +64,7 @@ struct buffer_entry {
   bool whole_segment = false;       // resident: its block is that whole segment
   std::uint32_t pins = 0;
   std::uint64_t last_access_ns = 0;
+  access_profile::step_key access_key;  // for next-use prediction (access_profile.hpp)
   node_entry* producer = nullptr;
   std::uint32_t output_index = 0;
   std::vector<node_entry*> consumers;  // live nodes that need it as an input (keep it alive)
@@ -96,11 +98,14 @@ struct alignas(64) candidate_record {
   std::size_t segment_size = 0;
   float recompute_ns = 0;        // its producer's cost (0 without lineage)
   float neighbourhood_ns = 0;    // kept equal to entry->neighbourhood_ns
+  // Its next read in the last step's record (access_profile::next_read): a candidate is not read
+  // while it is one, so this holds until it leaves the candidates or a step begins.
+  std::uint32_t next_read = access_profile::no_event;
   eviction_mode mode = eviction_mode::automatic;
-  bool small_pool = false;
-  bool can_drop = false;         // lineage exists, drops are allowed, its mode allows it
-  bool can_spill = false;        // spills are allowed and its mode allows it
-  bool whole_segment = false;
+  bool small_pool : 1 = false;
+  bool can_drop : 1 = false;     // lineage exists, drops are allowed, its mode allows it
+  bool can_spill : 1 = false;    // spills are allowed and its mode allows it
+  bool whole_segment : 1 = false;
 };
 static_assert(sizeof(candidate_record) == 64, "one cache line per candidate");
 

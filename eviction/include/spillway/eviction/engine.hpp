@@ -57,6 +57,9 @@ struct engine_config {
   bool allow_drop = true;
   // Time for staleness (DTR) in ns. Default: steady_clock. The simulator passes the sim clock.
   std::function<std::uint64_t()> clock;
+  // With steps marked (begin_step): record each step's reads and predict every candidate's next
+  // use from the last step's (Note [Next-use prediction]). False: begin_step does nothing.
+  bool predict_next_use = true;
 };
 
 struct engine_stats {
@@ -81,6 +84,10 @@ struct engine_stats {
   // steps taken at drops, recomputes and when a dropped buffer is forgotten, and their wall time.
   std::uint64_t upkeep_steps = 0;
   double upkeep_time_ns = 0;
+  // Next-use prediction: steps begun, and reads of a step's buffers that the last step's record
+  // did not show at that point (the program diverged; predictions were off for them).
+  std::uint64_t steps = 0;
+  std::uint64_t next_use_mismatches = 0;
 };
 
 class eviction_engine;
@@ -137,6 +144,15 @@ class eviction_engine {
   // Releases the buffer (its memory, host copy and, once no output of it is left, its node).
   // A forgotten buffer that a live node still needs as an input is kept, hidden, until then.
   void forget(buffer_id id);
+
+  // Marks the start of a training step, a sequence of operations that repeats. From then on each
+  // pin or pin_all call is one access event of the step: the engine records which of the buffers
+  // registered in the step it reads, and from the second step on predicts, for every candidate,
+  // how soon it is read again, from the last step's record. DTR's policies weigh victims by that
+  // instead of by staleness (time since last use), where there is a prediction (a buffer of the
+  // step, of its recorded size, read at the same point of the step as before). A hint only: a
+  // step that differs costs better choices, never data. Note [Next-use prediction].
+  void begin_step();
 
   pinned_buffer pin(buffer_id id);                  // usable on the buffer's own stream
   pinned_buffer pin(buffer_id id, stream_ref use);  // also ordered for `use`
