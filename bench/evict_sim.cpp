@@ -46,7 +46,7 @@ void print_usage() {
       "usage: spillway-evict-sim [--trace FILE|synth:SPEC[,...]] [--budgets 1.0,0.8,0.6,0.5,0.4,0.3]\n"
       "                          [--policies dtr,lru,largest,dtr-frag] [--modes drop,hybrid,spill]\n"
       "                          [--verify] [--expandable] [--no-eager-drop] [--oom-layout] [--link-gbps 50] [--seed 1]\n"
-      "                          [--driver-us 0] [--sync-us 0]\n"
+      "                          [--driver-us 0] [--sync-us 0] [--warmup-steps 0]\n"
       "                          [--rotor-slots 500] [--rotor-max-stages 400] [--json] [--plot FILE.svg]\n"
       "                          [--smoke]\n"
       "  --trace       op traces (.optrace, .optrace.gz) or synthetic ones: synth:mlp,\n"
@@ -63,6 +63,8 @@ void print_usage() {
       "  --link-gbps   host<->device copy bandwidth each way (GB/s)\n"
       "  --driver-us   simulated time per segment reserve or release and per page map or unmap call\n"
       "  --sync-us     simulated time per device synchronisation, beyond draining the streams\n"
+      "  --warmup-steps  replay the trace this many times first, each a step (begin_step): the engine\n"
+      "                predicts next uses from the last step's reads; the step after is measured\n"
       "  --json        machine-readable results on stdout; --plot: an SVG line plot per trace\n"
       "  --smoke       tiny synthetic traces with checks (for ctest)\n"
       "  Decision time (dec med / dec mean) is host wall time to choose one victim: the policy's\n"
@@ -185,8 +187,11 @@ std::string device_line(const options& o) {
   s << "spillway-evict-sim on the simulated device (manual clock; copies " << o.base.link_bandwidth / 1e9
     << " GB/s each way, 2 us latency; " << (o.base.expandable ? "expandable segments" : "PyTorch's segment sizes")
     << "; driver calls " << static_cast<double>(o.base.driver_latency_ns) / 1000 << " us, device syncs "
-    << static_cast<double>(o.base.sync_latency_ns) / 1000 << " us"
-    << "); host " << std::thread::hardware_concurrency() << " cores; decision times are host wall time";
+    << static_cast<double>(o.base.sync_latency_ns) / 1000 << " us";
+  if (o.base.warmup_steps > 0) {
+    s << "; measured: step " << o.base.warmup_steps + 1 << ", next uses predicted from the step before";
+  }
+  s << "); host " << std::thread::hardware_concurrency() << " cores; decision times are host wall time";
   return s.str();
 }
 
@@ -222,6 +227,10 @@ int smoke(options o, bool json) {
         const std::string at = specs[i] + " " + s.label() + " at " + std::to_string(p.ratio);
         expect(p.result.verify_mismatches == 0, at + ": every input read back its expected bytes");
         if (p.ratio == 1.0) expect(p.result.ok, at + ": runs at the unconstrained peak (" + p.result.failure + ")");
+        if (p.result.ok && o.base.warmup_steps > 0) {
+          expect(p.result.engine.steps == o.base.warmup_steps + 1, at + ": every step marked");
+          expect(p.result.engine.next_use_mismatches == 0, at + ": the steps read as the one before");
+        }
         if (p.result.ok) {
           expect(p.result.peak_reserved <= p.budget, at + ": peak reserved within the budget");
           expect(p.result.total_ns >= r.baseline.total_ns, at + ": no faster than the baseline");
@@ -289,6 +298,11 @@ int run(int argc, char** argv) {
   o.base.driver_latency_ns = static_cast<std::uint64_t>(driver_us * 1000);
   o.base.sync_latency_ns = static_cast<std::uint64_t>(sync_us * 1000);
   o.base.seed = static_cast<std::uint64_t>(args.get_int("seed", 1));
+  const long long warmup = args.get_int("warmup-steps", 0);
+  if (warmup < 0 || warmup > 100) {
+    throw spillway::invalid_argument("--warmup-steps " + std::to_string(warmup) + ": expected 0 to 100");
+  }
+  o.base.warmup_steps = static_cast<std::size_t>(warmup);
   o.rotor_slots = static_cast<std::size_t>(args.get_int("rotor-slots", 500));
   o.rotor_max_stages = static_cast<std::size_t>(args.get_int("rotor-max-stages", 400));
   const bool json = args.flag("json");
@@ -318,6 +332,7 @@ int run(int argc, char** argv) {
     bench::json_writer j(std::cout);
     j.begin_object().field("tool", "spillway-evict-sim").field("device", device_line(o));
     j.field("verify", o.base.verify).field("expandable", o.base.expandable).field("eager_drop", o.base.eager_drop);
+    j.field("warmup_steps", static_cast<std::uint64_t>(o.base.warmup_steps));
     write_json(j, reports);
     j.end_object();
     std::cout << "\n";

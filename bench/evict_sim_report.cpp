@@ -206,6 +206,7 @@ void write_json(bench::json_writer& j, const std::vector<trace_report>& reports)
         j.field("bytes_recomputed", x.engine.bytes_recomputed);
         j.field("evictions", x.pressure_evictions()).field("drops", x.pressure_drops()).field("spills", x.engine.spills);
         j.field("eager_drops", x.eager_drops).field("recomputes", x.engine.recomputes).field("restores", x.engine.restores);
+        j.field("steps", x.engine.steps).field("next_use_mismatches", x.engine.next_use_mismatches);
         j.field("decisions", x.engine.decisions);
         j.field("decision_median_ns", x.decision_median_ns()).field("decision_mean_ns", x.decision_mean_ns());
         j.field("upkeep_steps", x.engine.upkeep_steps);

@@ -158,6 +158,22 @@ class replayer {
     try {
       setup(r);
       allocate_params();
+      for (std::size_t step = 0; step < c_.warmup_steps; ++step) {  // unmeasured: they teach the engine
+        if (step > 0) allocate_params();
+        if (engine_) engine_->begin_step();
+        warming_up_ = true;
+        for (std::size_t k = 0; k < t_.ops.size(); ++k) {
+          r.ops_done = k;
+          run_op(k);
+          release_after(k);
+        }
+        end_step();
+        warming_up_ = false;
+      }
+      r.ops_done = 0;
+      if (c_.warmup_steps > 0) allocate_params();  // before the step begins, as the first step's were
+      if (engine_ && c_.warmup_steps > 0) engine_->begin_step();
+      measured_ = mark_start();
       const std::size_t stride = std::max<std::size_t>(1, t_.ops.size() / std::max<std::size_t>(1, c_.candidate_samples));
       std::size_t next_count_op = 0;  // candidate counts: at the first op with pressure from here
       const std::size_t window = std::max<std::size_t>(1, t_.ops.size() / 2000);
@@ -181,7 +197,7 @@ class replayer {
         r.ops_done = k + 1;
       }
       if (engine_ && pressured_since_sample) sample_decisions(r, false);
-      r.total_ns = sim_->now_ns();
+      r.total_ns = sim_->now_ns() - measured_.time_ns;
       r.ok = true;
     } catch (const spillway::out_of_memory& e) {
       if (c_.oom_layout && alloc_) print_layout(r.ops_done);
@@ -200,8 +216,12 @@ class replayer {
       r.device_frees = s.num_device_free;
       r.releases_before_eviction = s.num_releases_before_eviction;
     }
-    if (engine_) r.engine = engine_->stats();
-    r.eager_drops = eager_drops_;
+    if (engine_) r.engine = since(engine_->stats(), measured_.engine);
+    r.device_syncs -= measured_.device_syncs;
+    r.device_allocs -= measured_.device_allocs;
+    r.device_frees -= measured_.device_frees;
+    r.releases_before_eviction -= measured_.releases_before_eviction;
+    r.eager_drops = eager_drops_ - measured_.eager_drops;
     r.verify_checks = check_.checks;
     r.verify_mismatches = check_.mismatches;
     engine_.reset();
@@ -216,7 +236,74 @@ class replayer {
 
  private:
   static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-  std::string where(std::size_t k) const { return k < t_.ops.size() ? " (" + t_.ops[k].name + ")" : ""; }
+  std::string where(std::size_t k) const {
+    const std::string step = warming_up_ ? ", a warm-up step" : "";
+    return k < t_.ops.size() ? " (" + t_.ops[k].name + step + ")" : step;
+  }
+
+  // Where the measured step began: its time and the counters the results are measured from.
+  struct measured_start {
+    std::uint64_t time_ns = 0;
+    eviction::engine_stats engine;
+    std::int64_t device_syncs = 0, device_allocs = 0, device_frees = 0, releases_before_eviction = 0;
+    std::uint64_t eager_drops = 0;
+  };
+  measured_start mark_start() {
+    measured_start m;
+    m.time_ns = sim_->now_ns();
+    if (engine_) {
+      m.engine = engine_->stats();
+      last_decisions_ = m.engine.decisions;
+      last_decision_ns_ = m.engine.decision_time_ns;
+    }
+    const memory_stats s = alloc_->stats();
+    m.device_syncs = s.num_sync_all_streams;
+    m.device_allocs = s.num_device_alloc;
+    m.device_frees = s.num_device_free;
+    m.releases_before_eviction = s.num_releases_before_eviction;
+    m.eager_drops = eager_drops_;
+    return m;
+  }
+
+  // The engine's counters since `then` (gauges such as pinned bytes are as they are now).
+  static eviction::engine_stats since(eviction::engine_stats s, const eviction::engine_stats& then) {
+    s.evictions -= then.evictions;
+    s.spills -= then.spills;
+    s.drops -= then.drops;
+    s.restores -= then.restores;
+    s.recomputes -= then.recomputes;
+    s.plan_holds_released -= then.plan_holds_released;
+    s.bytes_spilled -= then.bytes_spilled;
+    s.bytes_restored -= then.bytes_restored;
+    s.bytes_recomputed -= then.bytes_recomputed;
+    s.recompute_cost_ns -= then.recompute_cost_ns;
+    s.host_allocation_failures -= then.host_allocation_failures;
+    s.pressure_calls -= then.pressure_calls;
+    s.decisions -= then.decisions;
+    s.decision_time_ns -= then.decision_time_ns;
+    s.upkeep_steps -= then.upkeep_steps;
+    s.upkeep_time_ns -= then.upkeep_time_ns;
+    s.next_use_mismatches -= then.next_use_mismatches;
+    return s;
+  }
+
+  // Between steps: what the step left alive (gradients, the loss), except the parameters, goes,
+  // as the optimizer step would consume it.
+  void end_step() {
+    for (std::uint32_t b = 0; b < alive_.size(); ++b) {
+      if (!alive_[b] || (t_.buffers[b].param && l_.produced_by[b] == never)) continue;
+      if (engine_) {
+        engine_->forget(ids_[b]);
+        ids_[b] = {};
+      } else {
+        alloc_->deallocate(raw_[b]);
+        raw_[b] = nullptr;
+      }
+      alive_[b] = false;
+    }
+    std::fill(live_outputs_.begin(), live_outputs_.end(), 0);
+    sim_->run_until_idle();
+  }
 
   void setup(run_result&) {
     const op_trace::trace_summary s = op_trace::summarize(t_);
@@ -244,9 +331,11 @@ class replayer {
     engine_.emplace(*alloc_, ec);
   }
 
+  // The trace's parameters and inputs, those not alive (all of them before the first step; those
+  // the last step released, such as its input batch or parameters it updated in place, after it).
   void allocate_params() {
     for (std::uint32_t b = 0; b < t_.buffers.size(); ++b) {
-      if (!t_.buffers[b].param || l_.produced_by[b] != never) continue;
+      if (!t_.buffers[b].param || l_.produced_by[b] != never || alive_[b]) continue;
       void* p = alloc_->allocate(t_.buffers[b].bytes, stream_);
       if (c_.verify) check_.write_param(b, p);
       adopt(b, p, {}, 0);
@@ -380,6 +469,8 @@ class replayer {
   std::uint64_t warnings_ = 0;
   std::uint64_t last_decisions_ = 0;
   double last_decision_ns_ = 0;
+  bool warming_up_ = false;
+  measured_start measured_;  // zero until the measured step has begun
 };
 
 }  // namespace

@@ -53,6 +53,10 @@ struct run_config {
   std::uint64_t driver_latency_ns = 0;
   std::uint64_t sync_latency_ns = 0;
   std::size_t candidate_samples = 400;     // at most this many candidate counts per run
+  // Steps replayed before the measured one, each marked with eviction_engine::begin_step: the
+  // engine learns the step's reads and predicts next uses in the steps after (Note [Next-use
+  // prediction]). Results count the measured step alone.
+  std::size_t warmup_steps = 0;
 };
 
 struct run_result {
