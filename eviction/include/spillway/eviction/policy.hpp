@@ -5,7 +5,9 @@
 // choose() again until the request is met, so a policy picks one victim at a time.
 //
 // Policies provided (make_policy(name)):
-//   "dtr"            DTR's h = cost / (size x staleness), with cost the buffer's own plus that of
+//   "dtr"            DTR's h = cost / (size x staleness), staleness giving way to the predicted
+//                    time to the next use where the engine has one (Note [Next-use prediction]),
+//                    with cost the buffer's own plus that of
 //                    the classes of dropped buffers next to it in the lineage graph (DTR's evicted
 //                    neighbourhood); evaluated on a random sample of ceil(sqrt(n)) candidates
 //                    (all of them when n <= 64), described in one describe() call, so a
