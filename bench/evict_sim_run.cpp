@@ -157,23 +157,20 @@ class replayer {
     run_result r;
     try {
       setup(r);
-      allocate_params();
+      warming_up_ = true;
       for (std::size_t step = 0; step < c_.warmup_steps; ++step) {  // unmeasured: they teach the engine
-        if (step > 0) allocate_params();
-        if (engine_) engine_->begin_step();
-        warming_up_ = true;
+        start_step();
         for (std::size_t k = 0; k < t_.ops.size(); ++k) {
           r.ops_done = k;
           run_op(k);
           release_after(k);
         }
         end_step();
-        warming_up_ = false;
       }
+      warming_up_ = false;
       r.ops_done = 0;
-      if (c_.warmup_steps > 0) allocate_params();  // before the step begins, as the first step's were
-      if (engine_ && c_.warmup_steps > 0) engine_->begin_step();
       measured_ = mark_start();
+      start_step();
       const std::size_t stride = std::max<std::size_t>(1, t_.ops.size() / std::max<std::size_t>(1, c_.candidate_samples));
       std::size_t next_count_op = 0;  // candidate counts: at the first op with pressure from here
       const std::size_t window = std::max<std::size_t>(1, t_.ops.size() / 2000);
@@ -285,6 +282,13 @@ class replayer {
     s.upkeep_time_ns -= then.upkeep_time_ns;
     s.next_use_mismatches -= then.next_use_mismatches;
     return s;
+  }
+
+  // A step begins: the parameters and inputs that are not alive are allocated (registered before
+  // begin_step, outside the step's keys), then, with warm-up steps, the step is marked.
+  void start_step() {
+    allocate_params();
+    if (engine_ && c_.warmup_steps > 0) engine_->begin_step();
   }
 
   // Between steps: what the step left alive (gradients, the loss), except the parameters, goes,

@@ -62,11 +62,8 @@ class access_profile {
   // and when the current event has reached or passed it (the read did not come: diverged) or has
   // passed the recorded ones; past the step's end (see above) for beyond_step.
   double distance_ns(std::uint32_t next_read) const noexcept;
-  double next_use_ns(step_key key, std::size_t size) const noexcept {
-    return distance_ns(next_read(key, size));
-  }
-  // Whether predictions can be made at all (a recorded step, and the current one under way).
-  bool predicting() const noexcept { return profile_.sizes.size() > 0 && steps_ > 0; }
+  // Whether predictions can be made at all: a step with registrations has been recorded.
+  bool predicting() const noexcept { return !profile_.sizes.empty(); }
   std::uint64_t mismatches() const noexcept { return mismatches_; }
 
  private:

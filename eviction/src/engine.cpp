@@ -315,9 +315,9 @@ void eviction_engine::impl::release_entry_locked(buffer_entry& e) noexcept {
 pinned_buffer eviction_engine::pin(buffer_id id) {
   impl& m = *impl_;
   engine_lock lock(m);
-  buffer_entry* e_ptr = &m.lookup_locked(id, "pin");
-  buffer_entry& e = *e_ptr;
-  m.note_access_locked({&e_ptr, 1});
+  buffer_entry& e = m.lookup_locked(id, "pin");
+  buffer_entry* const read[] = {&e};
+  m.note_access_locked(read);
   m.make_resident_locked(e, 0);
   m.pin_locked(e);
   return pinned_buffer(this, id, e.device_ptr, e.size);
@@ -326,9 +326,9 @@ pinned_buffer eviction_engine::pin(buffer_id id) {
 pinned_buffer eviction_engine::pin(buffer_id id, stream_ref use) {
   impl& m = *impl_;
   engine_lock lock(m);
-  buffer_entry* e_ptr = &m.lookup_locked(id, "pin");
-  buffer_entry& e = *e_ptr;
-  m.note_access_locked({&e_ptr, 1});
+  buffer_entry& e = m.lookup_locked(id, "pin");
+  buffer_entry* const read[] = {&e};
+  m.note_access_locked(read);
   m.make_resident_locked(e, 0);
   m.pin_locked(e);
   try {
@@ -394,7 +394,7 @@ void eviction_engine::begin_step() {
   // The candidates' next reads were in the last step's record; a buffer carried over from it has
   // no key in the new one.
   for (std::size_t i = 0; i < m.candidates.size(); ++i) {
-    m.candidates.record(*m.candidates.at(i).entry).next_read = detail::access_profile::no_event;
+    m.candidates.at(i).next_read = detail::access_profile::no_event;
   }
 }
 

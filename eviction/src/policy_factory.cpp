@@ -38,8 +38,7 @@ double dtr_score(const candidate_info& c) noexcept {
   const double horizon = std::isnan(c.next_use_ns) ? c.staleness_ns : c.next_use_ns;
   if (std::isnan(cost) || std::isnan(horizon)) return worst;
   const double size = std::max(1.0, static_cast<double>(c.size));
-  const double staleness = std::max(1.0, horizon);
-  const double h = std::max(0.0, cost) / (size * staleness);
+  const double h = std::max(0.0, cost) / (size * std::max(1.0, horizon));
   return std::isnan(h) ? worst : h;  // inf / inf
 }
 

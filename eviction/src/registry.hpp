@@ -216,6 +216,7 @@ class candidate_set {
 
   std::size_t size() const noexcept { return all_.size(); }
   const candidate_record& at(std::size_t i) const noexcept { return all_[i]; }
+  candidate_record& at(std::size_t i) noexcept { return all_[i]; }
   candidate_record& record(const buffer_entry& e) noexcept { return all_[e.candidate_index]; }
   const candidate_record& record(const buffer_entry& e) const noexcept { return all_[e.candidate_index]; }
   buffer_entry* oldest() const noexcept { return lru_.empty() ? nullptr : const_cast<buffer_entry*>(&lru_.front()); }
