@@ -7,8 +7,10 @@
 // access to the buffer's next recorded read, as the recorded step measured it; a buffer the
 // record does not read again is placed past the step's end; a buffer whose size changed is not
 // predicted; a read the record does not show counts as a mismatch and ends that buffer's
-// predictions, not the others'; and under pressure DTR then evicts the buffer needed last, where
-// staleness alone picks the one used longest ago.
+// predictions, not the others'; under pressure DTR then evicts the buffer needed last, where
+// staleness alone picks the one used longest ago; and a buffer that a dropped dependant will be
+// rebuilt from is needed when that dependant's class is (merges, splits and the fallback to its
+// own read included), while a dropped ancestor changes nothing.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -187,5 +189,116 @@ TEST_CASE("under pressure, dtr evicts the buffer needed last, not the one used l
   CHECK(second_a == buffer_state::resident);
   CHECK(second_b == buffer_state::spilled);
   CHECK(env.eng().stats().next_use_mismatches == 0);
+  env.check_clean();
+}
+
+TEST_CASE("a buffer is needed when a dropped dependant is: its class's earliest read") {
+  // x1 (a source) feeds x2 and x3a; x2 feeds x3a and x3b. Recorded reads: x1 at the step's first
+  // access (e0), x2 100 us later (e1), x3b at 200 us (e2), x3a at 300 us (e3); x1 never again.
+  engine_env env;
+  lineage_graph g(env);
+  const auto step = [&](const auto& after_first_read, const auto& after_x2) {
+    env.eng().begin_step();
+    const buffer_id x1 = g.source(k_bytes);
+    const buffer_id x2 = g.node({x1}, {k_bytes})[0];
+    const buffer_id x3a = g.node({x1, x2}, {k_bytes})[0];
+    const buffer_id x3b = g.node({x2}, {k_bytes})[0];
+    env.sim->run_until_idle();
+    touch(env, x1);
+    after_first_read(x1, x2, x3a, x3b);
+    env.sim->advance(100 * us);
+    touch(env, x2);  // brings it back if dropped: a recompute from x1
+    after_x2(x1, x2, x3a, x3b);
+    env.sim->advance(100 * us);
+    touch(env, x3b);
+    env.sim->advance(100 * us);
+    touch(env, x3a);
+    env.sim->run_until_idle();
+    for (buffer_id id : {x2, x3a, x3b}) g.expect(id);
+    forget_all(env, {x1, x2, x3a, x3b});
+  };
+  const auto nothing = [](buffer_id, buffer_id, buffer_id, buffer_id) {};
+  step(nothing, nothing);  // the record
+
+  step(
+      [&](buffer_id x1, buffer_id x2, buffer_id x3a, buffer_id x3b) {
+        CHECK(next_use(env, x1) > 400 * us);  // not read again: past the step's end
+        REQUIRE(env.eng().evict(x3a, eviction_mode::drop));
+        CHECK(next_use(env, x1) == doctest::Approx(300 * us));  // x3a, recomputed from it at e3
+        REQUIRE(env.eng().evict(x3b, eviction_mode::drop));     // not x1's dependant: no change
+        CHECK(next_use(env, x1) == doctest::Approx(300 * us));
+        CHECK(next_use(env, x2) == doctest::Approx(100 * us));  // its own read comes first
+        // x2 joins both: one class, whose earliest read is x2's own at e1.
+        REQUIRE(env.eng().evict(x2, eviction_mode::drop));
+        CHECK(next_use(env, x1) == doctest::Approx(100 * us));
+      },
+      [&](buffer_id x1, buffer_id x2, buffer_id, buffer_id) {
+        // x2 is back: the class falls apart into x3a's (e3) and x3b's (e2).
+        CHECK(next_use(env, x1) == doctest::Approx(200 * us));  // x3a's, 200 us after e1
+        CHECK(next_use(env, x2) == doctest::Approx(100 * us));  // x3b's; its own: never again
+      });
+  CHECK(env.eng().stats().next_use_mismatches == 0);
+  env.check_clean();
+}
+
+TEST_CASE("a dropped buffer upstream does not make its dependants needed sooner") {
+  // x -> y -> z, read in that order 100 us apart (e0, e1, e2). With y dropped, x is needed at e1
+  // (y's recompute reads it); z is still needed at its own read, e2: y is rebuilt from x, not z.
+  engine_env env;
+  lineage_graph g(env);
+  const auto step = [&](bool drop) {
+    env.eng().begin_step();
+    const buffer_id x = g.source(k_bytes);
+    const buffer_id y = g.node({x}, {k_bytes})[0];
+    const buffer_id z = g.node({y}, {k_bytes})[0];
+    env.sim->run_until_idle();
+    touch(env, x);
+    if (drop) {
+      REQUIRE(env.eng().evict(y, eviction_mode::drop));
+      CHECK(next_use(env, x) == doctest::Approx(100 * us));
+      CHECK(next_use(env, z) == doctest::Approx(200 * us));
+    }
+    for (buffer_id id : {y, z}) {
+      env.sim->advance(100 * us);
+      touch(env, id);
+    }
+    env.sim->run_until_idle();
+    g.expect(y);
+    forget_all(env, {x, y, z});
+  };
+  step(false);
+  step(true);
+  CHECK(env.eng().stats().next_use_mismatches == 0);
+  env.check_clean();
+}
+
+TEST_CASE("a dependants' read that is due or did not come leaves the buffer its own") {
+  // x -> y, and w; recorded reads x (e0), y (e1), w (e2). The predicted step drops y, then reads
+  // w where the record read y: y's read, due at e1, does not come, and x, needed then only
+  // through y, falls back on its own prediction (not read again) instead of losing it.
+  engine_env env;
+  lineage_graph g(env);
+  const auto step = [&](bool off_record) {
+    env.eng().begin_step();
+    const buffer_id x = g.source(k_bytes);
+    const buffer_id y = g.node({x}, {k_bytes})[0];
+    const buffer_id w = g.source(k_bytes);
+    env.sim->run_until_idle();
+    touch(env, x);
+    if (off_record) {
+      REQUIRE(env.eng().evict(y, eviction_mode::drop));
+      CHECK(next_use(env, x) == doctest::Approx(100 * us));  // y's read, through y's recompute
+    }
+    env.sim->advance(100 * us);
+    touch(env, off_record ? w : y);
+    if (off_record) CHECK(next_use(env, x) > 200 * us);  // past the step's end, not NaN
+    env.sim->advance(100 * us);
+    touch(env, off_record ? y : w);
+    env.sim->run_until_idle();
+    g.expect(y);
+    forget_all(env, {x, y, w});
+  };
+  step(false);
+  step(true);
   env.check_clean();
 }

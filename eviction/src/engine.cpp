@@ -394,8 +394,10 @@ void eviction_engine::begin_step() {
   // The candidates' next reads were in the last step's record; a buffer carried over from it has
   // no key in the new one.
   for (std::size_t i = 0; i < m.candidates.size(); ++i) {
-    m.candidates.at(i).next_read = detail::access_profile::no_event;
+    detail::candidate_record& r = m.candidates.at(i);
+    r.next_read = r.entry->next_read = detail::access_profile::no_event;
   }
+  m.forget_class_next_reads_locked();  // so are those of the dropped buffers
 }
 
 void eviction_engine::unpin(buffer_id id) {
@@ -448,7 +450,8 @@ void eviction_engine::impl::update_candidacy_locked(buffer_entry& e) {
 }
 
 // What a policy sees of e, read once when it becomes a candidate. Nothing in it changes while it
-// is one, except the neighbourhood cost, which set_neighbourhood_locked keeps equal.
+// is one, except the neighbourhood cost and the next read, which set_neighbourhood_locked keeps
+// current as the classes next to it change.
 detail::candidate_record eviction_engine::impl::make_record_locked(buffer_entry& e) const noexcept {
   detail::candidate_record r;
   r.entry = &e;
@@ -460,7 +463,8 @@ detail::candidate_record eviction_engine::impl::make_record_locked(buffer_entry&
   r.stream = e.stream;
   r.segment_size = e.segment_size;
   r.whole_segment = e.whole_segment;
-  r.next_read = access.next_read(e.access_key, e.size);
+  e.next_read = access.next_read(e.access_key, e.size);
+  r.next_read = needed_next_locked(e);
   r.mode = e.mode;
   r.small_pool = e.small_pool;
   r.can_drop = can_drop_locked(e);

@@ -110,6 +110,13 @@ struct eviction_engine::impl {
   detail::dtr_class* make_class_locked();
   void free_class_locked(detail::dtr_class* c) noexcept;
   void lose_neighbourhood_locked() noexcept;
+  void forget_class_next_reads_locked() noexcept;  // begin_step: the record they were found in is gone
+  // The earliest next read of the dropped classes that e's consumers' outputs belong to: when a
+  // dropped dependant of e is needed, and e with it as an input of its recompute.
+  std::uint32_t dependants_next_read_locked(const detail::buffer_entry& e) const noexcept;
+  // When e is next needed: the earlier of its own next read and its dependants' (no_event
+  // without a prediction of its own).
+  std::uint32_t needed_next_locked(const detail::buffer_entry& e) const noexcept;
 
   // --- engine_pressure.cpp -------------------------------------------------------------------------
   pressure_result on_pressure(const pressure_request& request);

@@ -61,6 +61,19 @@ dtr_class::neighbour* find_neighbour(dtr_class& c, const buffer_entry& u) noexce
   return nullptr;
 }
 
+// Whether m's leaving c may leave c's earliest next read too late (no prediction: nothing to keep).
+bool held_earliest(const dtr_class& c, const buffer_entry& m) noexcept {
+  return c.next_read != detail::access_profile::no_event && m.next_read == c.next_read;
+}
+
+// The earliest next read of c's members: a walk over them, for when the member that held it
+// leaves.
+std::uint32_t earliest_next_read(const dtr_class& c) noexcept {
+  std::uint32_t earliest = detail::access_profile::no_event;
+  for (const buffer_entry* m : c.members) earliest = std::min(earliest, m->next_read);
+  return earliest;
+}
+
 void erase_neighbour(dtr_class& c, dtr_class::neighbour* n) noexcept {
   *n = c.boundary.back();
   c.boundary.pop_back();
@@ -68,9 +81,19 @@ void erase_neighbour(dtr_class& c, dtr_class::neighbour* n) noexcept {
 
 }  // namespace
 
+// Called for every buffer next to a class whenever the class changes, after its next read is
+// current: the candidate's record follows both.
 void eviction_engine::impl::set_neighbourhood_locked(buffer_entry& e, double cost_ns) noexcept {
   e.neighbourhood_ns = cost_ns;
-  if (candidates.contains(e)) candidates.record(e).neighbourhood_ns = static_cast<float>(cost_ns);
+  if (!candidates.contains(e)) return;
+  detail::candidate_record& r = candidates.record(e);
+  r.neighbourhood_ns = static_cast<float>(cost_ns);
+  r.next_read = needed_next_locked(e);
+}
+
+std::uint32_t eviction_engine::impl::needed_next_locked(const buffer_entry& e) const noexcept {
+  if (e.next_read == detail::access_profile::no_event || e.neighbourhood_ns <= 0) return e.next_read;
+  return std::min(e.next_read, dependants_next_read_locked(e));
 }
 
 dtr_class* eviction_engine::impl::make_class_locked() {
@@ -86,9 +109,17 @@ dtr_class* eviction_engine::impl::make_class_locked() {
 
 void eviction_engine::impl::free_class_locked(dtr_class* c) noexcept {
   c->cost_ns = 0;
+  c->next_read = detail::access_profile::no_event;
   c->members.clear();  // keeps the capacity for the next class
   c->boundary.clear();
   idle_classes.push_back(c);  // reserved in make_class_locked
+}
+
+void eviction_engine::impl::forget_class_next_reads_locked() noexcept {
+  for (const std::unique_ptr<dtr_class>& c : class_records) {
+    c->next_read = detail::access_profile::no_event;
+    for (buffer_entry* m : c->members) m->next_read = detail::access_profile::no_event;
+  }
 }
 
 void eviction_engine::impl::lose_neighbourhood_locked() noexcept {
@@ -128,6 +159,7 @@ void eviction_engine::impl::set_state_locked(buffer_entry& e, buffer_state s) no
   const upkeep_timer timed(stats);
   try {
     if (s == buffer_state::dropped) {
+      e.next_read = access.next_read(e.access_key, e.size);
       remove_from_boundaries_locked(e);
       join_class_locked(e);
     } else if (e.cls != nullptr) {
@@ -189,6 +221,18 @@ void eviction_engine::impl::add_to_boundaries_locked(buffer_entry& e) {
   set_neighbourhood_locked(e, cost);
 }
 
+// Only the classes on e's consumer side: a dropped buffer upstream of e is rematerialised from its
+// own inputs, not from e, so when it is needed says nothing of when e is.
+std::uint32_t eviction_engine::impl::dependants_next_read_locked(const buffer_entry& e) const noexcept {
+  std::uint32_t earliest = detail::access_profile::no_event;
+  for (const node_entry* n : e.consumers) {
+    for (const buffer_entry* out : n->outputs) {
+      if (out != nullptr && out->cls != nullptr) earliest = std::min(earliest, out->cls->next_read);
+    }
+  }
+  return earliest;
+}
+
 // e, not a member, leaves every boundary it is on.
 void eviction_engine::impl::remove_from_boundaries_locked(buffer_entry& e) noexcept {
   for_each_neighbour(e, [&](const buffer_entry& m) {
@@ -213,9 +257,11 @@ void eviction_engine::impl::join_class_locked(buffer_entry& t) {
   const double own = t.producer != nullptr ? t.producer->desc.cost_ns : 0;
   double cost = own;
   std::size_t members = 1;
+  std::uint32_t next_read = t.next_read;
   for (const dtr_class* c : next) {
     cost += c->cost_ns;
     members += c->members.size();
+    next_read = std::min(next_read, c->next_read);
   }
   // The boundary of the result: the buffers on the old boundaries and t's other neighbours, each
   // once, with its edges summed; scratch_cost is what it was charged for the classes that merge.
@@ -263,6 +309,7 @@ void eviction_engine::impl::join_class_locked(buffer_entry& t) {
   t.member_cost_ns = own;
   into->members.push_back(&t);
   into->cost_ns = cost;
+  into->next_read = next_read;
   into->boundary.swap(boundary);
   for (const dtr_class::neighbour& n : into->boundary) {
     buffer_entry& u = *n.buffer;
@@ -301,6 +348,7 @@ void eviction_engine::impl::leave_class_locked(buffer_entry& t) {
   });
 
   if (ends.size() <= 1) {  // c without t is still connected
+    if (held_earliest(*c, t)) c->next_read = earliest_next_read(*c);
     for_each_neighbour(t, [&](buffer_entry& u) {
       if (u.cls != nullptr) return;
       dtr_class::neighbour* n = find_neighbour(*c, u);
@@ -400,6 +448,7 @@ void eviction_engine::impl::split_class_locked(dtr_class& c, buffer_entry& t,
     if (u.cls == nullptr) take_edge(u);  // t is no member any more
   });
   std::vector<dtr_class*> parts;
+  bool lost_earliest = held_earliest(c, t);  // then c's is found again below
   for (std::uint32_t i = 0; i < searches.size(); ++i) {
     if (searches[i].group != i || i == stay) continue;
     dtr_class* k = make_class_locked();
@@ -407,6 +456,8 @@ void eviction_engine::impl::split_class_locked(dtr_class& c, buffer_entry& t,
     k->members.swap(searches[i].seen);
     for (std::uint32_t j = 0; j < k->members.size(); ++j) {
       buffer_entry* m = k->members[j];
+      k->next_read = std::min(k->next_read, m->next_read);
+      lost_earliest = lost_earliest || held_earliest(c, *m);
       buffer_entry* moved = c.members.back();  // m leaves c.members
       c.members[m->member_index] = moved;
       moved->member_index = m->member_index;
@@ -429,6 +480,7 @@ void eviction_engine::impl::split_class_locked(dtr_class& c, buffer_entry& t,
   if (c.members.empty()) {  // cannot happen (`stay` holds at least its end), but stay sound
     free_class_locked(&c);
   } else {
+    if (lost_earliest) c.next_read = earliest_next_read(c);
     for (const dtr_class::neighbour& n : c.boundary) {
       set_neighbourhood_locked(*n.buffer, n.buffer->neighbourhood_ns + c.cost_ns);
     }

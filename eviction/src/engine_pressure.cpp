@@ -9,6 +9,7 @@
 // max(request, shortfall) bytes; the allocator calls again if that was not enough.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <span>
 
 #include "engine_impl.hpp"
@@ -90,7 +91,14 @@ candidate_info eviction_engine::impl::describe_candidate_locked(const detail::ca
   c.segment_size = r.segment_size;
   c.whole_segment = r.whole_segment;
   c.staleness_ns = now > r.last_access_ns ? static_cast<double>(now - r.last_access_ns) : 1.0;
-  if (r.next_read != detail::access_profile::no_event) c.next_use_ns = access.distance_ns(r.next_read);
+  if (r.next_read != detail::access_profile::no_event) {
+    c.next_use_ns = access.distance_ns(r.next_read);
+    // The dependants' read, if earlier, may be the current event's (a recompute under way, which
+    // holds what it reads) or one that did not come: then its own read counts.
+    if (std::isnan(c.next_use_ns) && r.next_read != r.entry->next_read) {
+      c.next_use_ns = access.distance_ns(r.entry->next_read);
+    }
+  }
   const double neighbourhood = r.can_drop ? r.neighbourhood_ns : 0;
   // The record's flags already include its mode; only a buffer that may go either way needs the
   // cost model's comparison (the common drop-only and spill-only cases skip it).

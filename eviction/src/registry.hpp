@@ -40,6 +40,10 @@ struct dtr_class {
     std::uint32_t edges;   // lineage edges between it and members (an input read twice counts twice)
   };
   double cost_ns = 0;                   // the members' recompute costs, summed
+  // The earliest of the members' next reads (buffer_entry::next_read): when the class
+  // is next needed, so when the buffers it would be rematerialised from are (Note [Next-use
+  // prediction]). access_profile::no_event without a prediction.
+  std::uint32_t next_read = access_profile::no_event;
   std::vector<buffer_entry*> members;   // dropped buffers; buffer_entry::member_index is the index
   std::vector<neighbour> boundary;      // each buffer next to a member, once
   std::uint64_t mark = 0;               // scratch for one upkeep step
@@ -65,6 +69,10 @@ struct buffer_entry {
   std::uint32_t pins = 0;
   std::uint64_t last_access_ns = 0;
   access_profile::step_key access_key;  // for next-use prediction (access_profile.hpp)
+  // Its next read in the last step's record (access_profile::next_read), found when it last became
+  // a candidate or was dropped: it is not read while it is either, so this holds until it leaves
+  // that state or a step begins.
+  std::uint32_t next_read = access_profile::no_event;
   node_entry* producer = nullptr;
   std::uint32_t output_index = 0;
   std::vector<node_entry*> consumers;  // live nodes that need it as an input (keep it alive)
@@ -80,6 +88,7 @@ struct buffer_entry {
   dtr_class* cls = nullptr;            // dropped and in the graph: its class
   std::uint32_t member_index = 0;      // in cls->members
   double member_cost_ns = 0;           // what it added to its class (its producer's cost then)
+
   double neighbourhood_ns = 0;         // not dropped: the summed cost of the classes next to it
   std::uint64_t mark = 0;              // scratch for one upkeep step
   std::uint32_t scratch_index = 0;
@@ -98,8 +107,9 @@ struct alignas(64) candidate_record {
   std::size_t segment_size = 0;
   float recompute_ns = 0;        // its producer's cost (0 without lineage)
   float neighbourhood_ns = 0;    // kept equal to entry->neighbourhood_ns
-  // Its next read in the last step's record (access_profile::next_read): a candidate is not read
-  // while it is one, so this holds until it leaves the candidates or a step begins.
+  // When it is next needed, as an event of the last step's record: the earlier of its own next
+  // read (entry->next_read) and that of its dropped dependants' classes, which
+  // set_neighbourhood_locked keeps current (Note [Next-use prediction]).
   std::uint32_t next_read = access_profile::no_event;
   eviction_mode mode = eviction_mode::automatic;
   bool small_pool : 1 = false;

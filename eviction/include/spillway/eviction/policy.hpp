@@ -51,8 +51,9 @@ struct candidate_info {
   stream_ref stream;
   bool small_pool = false;
   double staleness_ns = 0;         // time since its last pin or registration (>= 1)
-  // Predicted time until its next pin (eviction_engine::begin_step), NaN without a prediction.
-  // DTR's score prefers it to staleness.
+  // Predicted time until it is next needed (eviction_engine::begin_step): its next pin, or, if
+  // sooner, the next pin of a dropped buffer that would be rematerialised from it. NaN without a
+  // prediction. DTR's score prefers it to staleness.
   double next_use_ns = std::numeric_limits<double>::quiet_NaN();
   double cost_ns = 0;              // the cheaper of recomputing (own node) and spilling it back
   double neighbourhood_cost_ns = 0;  // the classes of dropped buffers next to it in the lineage graph
