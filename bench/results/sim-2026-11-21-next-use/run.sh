@@ -5,10 +5,11 @@
 # dtr-frag, --verify, PyTorch's segment sizes and expandable segments. From a clean export:
 #   git archive COMMIT | tar -x -C SRC && bench/results/sim-2026-11-21-next-use/run.sh SRC
 # (SIM=path/to/spillway-evict-sim skips the build.) Writes one JSON per trace, size mode and
-# step count, and compare.md (compare.py).
+# step count, and compare.md (compare.py), here or in OUT (a later results folder's run.sh).
 set -e
 SRC=$(cd "$1" && pwd)
-R=$(cd "$(dirname "$0")" && pwd)
+HERE=$(cd "$(dirname "$0")" && pwd)
+R=${OUT:-$HERE}
 cd "$SRC"
 if [ -z "$SIM" ]; then
   cmake -S . -B build-optrace -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WITH_CUDA=OFF -DSPILLWAY_WITH_TORCH=OFF > /dev/null
@@ -28,4 +29,4 @@ run() {  # name trace budgets
 for m in mlp unet resnet50 bert gpt2; do run torch-$m bench/op_traces/torch-$m-cpu.optrace.gz 0.8,0.6,0.5,0.4,0.3; done
 run synth-mlp synth:mlp 0.8,0.6,0.5,0.4,0.35,0.3
 run torch-resnet1202 bench/op_traces/torch-resnet1202-cpu.optrace.gz 0.898,0.449,0.225
-python3 "$R/compare.py" "$R" > "$R/compare.md"
+python3 "$HERE/compare.py" "$R" > "$R/compare.md"
