@@ -9,7 +9,8 @@
 // released and then to out_of_memory reporting what the handler said was pinned; a throwing
 // handler is reported through on_warning (delivered without the lock) and the next one still
 // runs; a removed handler is not called; rounds go on while a handler frees allocations (past
-// any small fixed number) and stop at the first that claims progress but frees none; free cached
+// any small fixed number, and when another thread took what a round freed) and stop at the first
+// that claims progress but frees none; free cached
 // segments (or granules) that cover the budget's shortfall are given back before any handler is
 // asked, only as many as needed, and free cache that does not cover it is kept; lowering
 // the budget asks the handlers too; the counters count calls, retries and freed bytes.
@@ -447,6 +448,40 @@ TEST_CASE("rounds go on while a handler frees memory, until a range fits") {
   CHECK(alloc.stats().reserved_bytes[0].current <= static_cast<std::int64_t>(40 * MiB));
   alloc.deallocate(big);
   for (std::size_t i = next; i < blocks.size(); ++i) alloc.deallocate(blocks[i]);
+}
+
+TEST_CASE("a round whose victim another thread took is followed by another round") {
+  // The lock is released while the handler runs: another thread's allocation takes the block the
+  // first round freed, so live bytes are what they were. The round still freed an allocation, and
+  // the second victim must be asked for rather than the request failing.
+  under_budget u;
+  void* taken = nullptr;
+  int calls = 0;
+  u.alloc.add_pressure_handler([&](const pressure_request&) {
+    ++calls;
+    if (calls == 1) {
+      u.alloc.deallocate(u.a);
+      std::thread other([&] { taken = u.alloc.allocate(12 * MiB, u.s); });
+      other.join();
+      return pressure_result{12 * MiB, 0};
+    }
+    if (calls == 2) {
+      u.alloc.deallocate(u.b);
+      return pressure_result{12 * MiB, 0};
+    }
+    return pressure_result{0, 0};
+  });
+  void* p = nullptr;
+  {
+    deadlock_watchdog wd("a victim taken by another thread");
+    p = u.alloc.allocate(12 * MiB, u.s);
+  }
+  CHECK(p != nullptr);
+  CHECK(taken != nullptr);
+  CHECK(calls == 2);
+  u.alloc.deallocate(p);
+  u.alloc.deallocate(taken);
+  CHECK(u.alloc.stats().allocation[0].current == 0);
 }
 
 TEST_CASE("a handler's stream-ordered free (a spill) is awaited, then reused") {

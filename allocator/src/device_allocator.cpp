@@ -140,6 +140,7 @@ free_status device_allocator::deallocate(void* ptr) noexcept {
     block* b = m.live.find(address);
     if (b != nullptr) [[likely]] {
       m.live.erase(b);
+      ++m.num_frees;
       update_block_stats(m.stats, m.pool_of(b), -1, static_cast<std::int64_t>(b->size));
       if (b->stream_uses.empty()) [[likely]] {  // only its own stream used it: reusable at once
         m.free_block_locked(b);

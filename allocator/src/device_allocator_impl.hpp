@@ -9,6 +9,7 @@
 //   device_allocator_introspection.cpp  statistics, snapshot, describe, warnings
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <map>
@@ -71,6 +72,9 @@ struct device_allocator::impl {
 
   std::vector<std::pair<pressure_handler_id, std::shared_ptr<const pressure_handler>>> handlers;
   pressure_handler_id next_handler_id = 1;
+  // Caller frees so far; never reset (unlike stats). The pressure path's measure of progress:
+  // other threads allocate while the handlers run, so live bytes alone cannot show an eviction.
+  std::uint64_t num_frees = 0;
 
   // --- fast path helpers (device_allocator.cpp) -------------------------------------------------
   detail::block_pool& pool_for(std::size_t rounded) noexcept {

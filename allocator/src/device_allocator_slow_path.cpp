@@ -66,9 +66,11 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
   // they free memory: evictions scattered over segments that other live blocks hold may take many
   // before a range fits, and the request fails only once nothing more can be evicted. A round
   // that claims bytes but frees no allocation ends them (a handler that cannot make progress).
+  // Progress is counted in frees, not live bytes: another thread may have taken what a round
+  // freed while the lock was released, and the next round must still run.
   std::size_t pinned = 0;
   while (!handlers.empty()) {
-    const std::int64_t live_before = stats.allocated_bytes[0].current;
+    const std::uint64_t frees_before = num_frees;
     const pressure_result r =
         run_pressure_handlers_releasing_lock(lock, make_request_locked(pool, stream, rounded));
     pinned = r.pinned;
@@ -84,7 +86,7 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
     if (r.freed > 0 && release_cached_locked() > 0) {
       if (block* b = reserve_locked(pool, stream, rounded)) return b;
     }
-    if (r.freed == 0 || stats.allocated_bytes[0].current >= live_before) break;
+    if (r.freed == 0 || num_frees == frees_before) break;
   }
   // Step 5: wait for the frees still pending on other streams (the release below synchronises
   // the device anyway; without this, memory the caller has freed would be reported as missing),
