@@ -427,7 +427,7 @@ class replayer {
         if (t_.buffers[b].param || l_.produced_by[b] == never) continue;
         const bool needed = std::any_of(consumers_[b].begin(), consumers_[b].end(),
                                         [&](std::size_t c) { return live_outputs_[c] > 0; });
-        if (needed && engine_->state(ids_[b]) == eviction::buffer_state::resident &&
+        if (needed && !rebuilds_dropped(b) && engine_->state(ids_[b]) == eviction::buffer_state::resident &&
             engine_->evict(ids_[b], eviction::eviction_mode::drop)) {
           ++eager_drops_;
         }
@@ -438,6 +438,20 @@ class replayer {
       ids_[b] = {};
       alive_[b] = false;
     }
+  }
+
+  // True when a dropped output of a live consumer of b would be recomputed from b: dropping b too
+  // would chain that recompute to b's own ancestors (a gradient dropped early in the backward
+  // would be rebuilt from the loss). Such a b stays resident, an ordinary candidate whose cost
+  // includes that chain (docs/simulator.md, "Release").
+  bool rebuilds_dropped(std::uint32_t b) const {
+    for (std::size_t c : consumers_[b]) {
+      if (live_outputs_[c] == 0) continue;
+      for (std::uint32_t o : t_.ops[c].outputs) {
+        if (alive_[o] && engine_->state(ids_[o]) == eviction::buffer_state::dropped) return true;
+      }
+    }
+    return false;
   }
 
   void sample_decisions(run_result& r, bool count_candidates) {

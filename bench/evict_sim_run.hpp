@@ -11,7 +11,8 @@
 //   unpin, and release the buffers whose life ends at this op.
 // - Releasing: a buffer that a live lineage node still needs (an input of an op whose outputs are
 //   alive) would be kept resident by the engine; with `eager_drop` it is dropped first, as DTR does
-//   for tensors whose last reference goes away (it costs nothing unless it is needed to recompute).
+//   for tensors whose last reference goes away (it costs nothing unless it is needed to recompute),
+//   unless a dropped output of such an op would be recomputed from it: then it stays resident.
 //   Spill-only runs register no lineage, so a release frees at once.
 // - Kernels, with `verify`, write a signature into each output (at its start, middle and end)
 //   derived from the signatures they read from their inputs, and check every input against the
