@@ -143,16 +143,21 @@ trace_report evaluate(const std::string& name, const op_trace::trace_data& t, co
   run_with_large_stack([&] { r.baseline = replay(t, live, base); });
   if (!r.baseline.ok) throw std::runtime_error(name + ": the replay without a budget failed: " + r.baseline.failure);
 
-  r.rotor.chain = extract_chain(t, live);
+  r.rotor.chain = extract_chain(t, live, cut_rule::every_cut);
+  r.rotor.saved_chain = extract_chain(t, live, cut_rule::saved_cuts);
+  std::vector<const chain_model*> models;
+  for (const chain_model* c : {&r.rotor.chain, &r.rotor.saved_chain}) {
+    if (c->ok && c->chain.stages.size() <= o.rotor_max_stages) models.push_back(c);
+  }
   if (!r.rotor.chain.ok) {
     r.rotor.why = r.rotor.chain.why;
-  } else if (r.rotor.chain.chain.stages.size() > o.rotor_max_stages) {
+  } else if (models.empty()) {
     r.rotor.why = std::to_string(r.rotor.chain.chain.stages.size()) + " stages, over --rotor-max-stages";
   } else {
     r.rotor.computed = true;
-    r.rotor.min_budget = rotor_min_device_budget(r.rotor.chain);
+    r.rotor.min_budget = best_rotor_min_device_budget(models);
     for (double ratio : o.ratios) {
-      r.rotor.at.push_back(rotor_at(r.rotor.chain, static_cast<std::size_t>(ratio * static_cast<double>(r.peak())), o.rotor_slots));
+      r.rotor.at.push_back(best_rotor_at(models, static_cast<std::size_t>(ratio * static_cast<double>(r.peak())), o.rotor_slots));
     }
   }
 

@@ -9,7 +9,7 @@ namespace spillway::evsim {
 
 using op_trace::never;
 
-chain_model extract_chain(const op_trace::trace_data& t, const op_trace::liveness& l) {
+chain_model extract_chain(const op_trace::trace_data& t, const op_trace::liveness& l, cut_rule rule) {
   chain_model c;
   const std::size_t forward = t.backward_begin();
   const std::size_t n = t.buffers.size();
@@ -59,7 +59,7 @@ chain_model extract_chain(const op_trace::trace_data& t, const op_trace::livenes
   for (std::size_t p = 0; p + 1 < forward; ++p) {
     running += count[p];
     running_id += id_sum[p];
-    if (running == 1) {
+    if (running == 1 && (rule == cut_rule::every_cut || read_backward[static_cast<std::uint32_t>(running_id)])) {
       ends.push_back(p);
       x_of.push_back(static_cast<std::uint32_t>(running_id));
     }
@@ -145,7 +145,28 @@ rotor_point rotor_at(const chain_model& c, std::size_t device_budget, std::size_
   r.total_cost_ns = plan.total_cost;
   r.peak_bytes = plan.peak_bytes + c.fixed_bytes;
   r.least_memory_fallback = plan.least_memory_fallback;
+  r.stages = c.chain.stages.size();
   return r;
+}
+
+rotor_point best_rotor_at(const std::vector<const chain_model*>& models, std::size_t device_budget,
+                          std::size_t memory_slots) {
+  rotor_point best;
+  for (const chain_model* c : models) {
+    const rotor_point p = rotor_at(*c, device_budget, memory_slots);
+    if (p.feasible && (!best.feasible || p.extra_cost_ns < best.extra_cost_ns)) best = p;
+  }
+  return best;
+}
+
+std::size_t best_rotor_min_device_budget(const std::vector<const chain_model*>& models) {
+  std::size_t least = 0;
+  for (const chain_model* c : models) {
+    if (!c->ok) continue;
+    const std::size_t m = rotor_min_device_budget(*c);
+    if (least == 0 || m < least) least = m;
+  }
+  return least;
 }
 
 std::size_t rotor_min_device_budget(const chain_model& c) {

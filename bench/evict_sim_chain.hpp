@@ -8,6 +8,12 @@
 //   nor a constant is written at or before p and read after p: that buffer is the stage's x_i.
 //   Stages are the runs of ops between valid cuts. A chain-like trace (an MLP) has a cut after
 //   every op; a ResNet one after every block; a trace with long skips (a U-Net) few or none.
+// - Two decompositions (cut_rule): every valid cut, or only those whose x_i the backward reads.
+//   rotor keeps x_i in its stage's x-bar until that stage's backward, so a cut at a buffer only
+//   the next forward op reads (a linear's output that only its relu reads) makes rotor hold it
+//   for nothing; without those cuts the buffer is a transient of a longer stage, and rotor
+//   cannot checkpoint it. Neither is better on every trace: the simulator reports, at each
+//   budget, the better of the two (best_rotor_at), so the bound stays rotor's best.
 // - Stage i: forward_cost = the sum of its ops' durations; x_bytes = |x_i| (the loss for the last
 //   stage); xbar_bytes = |x_i| + the other buffers it writes that a backward op reads (saved for
 //   backward); forward_overhead = the most bytes of its other buffers alive at one of its ops.
@@ -37,7 +43,10 @@ struct chain_model {
   std::vector<std::size_t> stage_last_op;  // the last forward op of each stage
 };
 
-chain_model extract_chain(const op_trace::trace_data& trace, const op_trace::liveness& live);
+enum class cut_rule { every_cut, saved_cuts };
+
+chain_model extract_chain(const op_trace::trace_data& trace, const op_trace::liveness& live,
+                          cut_rule rule = cut_rule::every_cut);
 
 struct rotor_point {
   bool feasible = false;
@@ -45,11 +54,18 @@ struct rotor_point {
   double total_cost_ns = 0;
   std::size_t peak_bytes = 0; // the plan's peak + fixed_bytes
   bool least_memory_fallback = false;
+  std::size_t stages = 0;     // of the decomposition planned (best_rotor_at: the better one)
 };
 
 // rotor at a device budget (bytes); infeasible when the budget does not cover fixed_bytes.
 rotor_point rotor_at(const chain_model& c, std::size_t device_budget, std::size_t memory_slots = 500);
 // rotor_min_budget(chain) + fixed_bytes.
 std::size_t rotor_min_device_budget(const chain_model& c);
+
+// The better of rotor's plans over several decompositions of one trace: the feasible one with
+// the least extra cost; and the least minimum budget among them. Models that are not ok are skipped.
+rotor_point best_rotor_at(const std::vector<const chain_model*>& models, std::size_t device_budget,
+                          std::size_t memory_slots = 500);
+std::size_t best_rotor_min_device_budget(const std::vector<const chain_model*>& models);
 
 }  // namespace spillway::evsim

@@ -88,8 +88,11 @@ void print_table(std::ostream& out, const std::vector<trace_report>& reports, co
                   static_cast<double>(r.baseline.total_ns) / 1e6);
     out << line;
     if (r.rotor.computed) {
-      std::snprintf(line, sizeof line, "   rotor: %zu stages, fixed %s MiB, minimum budget %s MiB = ratio %.3f\n",
-                    r.rotor.chain.chain.stages.size(), mib(static_cast<double>(r.rotor.chain.fixed_bytes)).c_str(),
+      std::snprintf(line, sizeof line,
+                    "   rotor: %zu stages (%zu at saved buffers only; the better plan counts), fixed %s MiB, "
+                    "minimum budget %s MiB = ratio %.3f\n",
+                    r.rotor.chain.chain.stages.size(), r.rotor.saved_chain.chain.stages.size(),
+                    mib(static_cast<double>(r.rotor.chain.fixed_bytes)).c_str(),
                     mib(static_cast<double>(r.rotor.min_budget)).c_str(),
                     static_cast<double>(r.rotor.min_budget) / static_cast<double>(r.peak()));
     } else {
@@ -172,6 +175,7 @@ void write_json(bench::json_writer& j, const std::vector<trace_report>& reports)
     j.field("computed", r.rotor.computed);
     if (r.rotor.computed) {
       j.field("stages", static_cast<std::uint64_t>(r.rotor.chain.chain.stages.size()));
+      j.field("saved_cut_stages", static_cast<std::uint64_t>(r.rotor.saved_chain.chain.stages.size()));
       j.field("fixed_bytes", static_cast<std::uint64_t>(r.rotor.chain.fixed_bytes));
       j.field("min_budget", static_cast<std::uint64_t>(r.rotor.min_budget));
       j.field("min_ratio", static_cast<double>(r.rotor.min_budget) / static_cast<double>(r.peak()));
@@ -182,6 +186,7 @@ void write_json(bench::json_writer& j, const std::vector<trace_report>& reports)
         if (p.feasible) {
           j.field("extra_ns", p.extra_cost_ns).field("overhead", p.extra_cost_ns / static_cast<double>(r.baseline.total_ns));
           j.field("peak_bytes", static_cast<std::uint64_t>(p.peak_bytes)).field("least_memory_fallback", p.least_memory_fallback);
+          j.field("stages", static_cast<std::uint64_t>(p.stages));
         }
         j.end_object();
       }

@@ -29,7 +29,8 @@ struct series {
 };
 
 struct rotor_series {
-  chain_model chain;
+  chain_model chain;                 // every valid cut
+  chain_model saved_chain;           // only cuts at buffers the backward reads (cut_rule)
   bool computed = false;             // false: not a chain, or too many stages
   std::string why;                   // when !computed
   std::size_t min_budget = 0;        // rotor_min_device_budget

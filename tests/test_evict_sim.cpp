@@ -1,18 +1,23 @@
 // test_evict_sim: the eviction simulator's parts (bench/evict_sim_chain.hpp, evict_sim_run.hpp).
 //
 // It proves: an MLP trace is a chain of one stage per layer plus the loss, with rotor's sizes, costs
-// and fixed bytes, and a U-Net (long skips) has fewer stages than ops; and a replay under a budget
+// and fixed bytes, and a U-Net (long skips) has fewer stages than ops; a linear + relu chain (the
+// linear's output read only by the relu) has a stage per op, or per layer when only cuts at
+// buffers the backward reads count, and rotor's better plan comes from the latter; and a replay under a budget
 // recomputes (drop), copies (spill) or both (hybrid) and brings every input back with the bytes it
 // had (the kernels check signatures), stays within the budget, is never faster than the replay
 // without a budget — which takes exactly the sum of the op durations — and reports an
 // out-of-memory as a failed run.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "evict_sim_chain.hpp"
 #include "evict_sim_run.hpp"
+#include "op_trace_builder.hpp"
 #include "op_trace.hpp"
 #include "op_trace_synth.hpp"
 #include "spillway/size_classes.hpp"
@@ -54,6 +59,54 @@ TEST_CASE("an MLP trace is a chain: one stage per layer plus the loss") {
   const evsim::chain_model uc = evsim::extract_chain(ut, compute_liveness(ut));
   CHECK(uc.ok);  // cuts before the first skip and after the last one only
   CHECK(uc.chain.stages.size() < ut.backward_begin());
+}
+
+TEST_CASE("cuts at buffers only the next op reads: rotor plans both decompositions, the better counts") {
+  // linear -> relu, eight layers, as PyTorch records them: a linear's backward reads its input, a
+  // relu's its output; the linear's output z is read by its relu only.
+  op_trace::step_builder s(/*bytes_per_ns=*/100.0, /*min_op_ns=*/1000);
+  constexpr std::uint64_t act = 4u << 20;
+  op_trace::step_builder::value x = s.input(act);
+  for (int i = 0; i < 8; ++i) {
+    const auto w = s.weight(1u << 20);
+    const auto z = s.op1("linear" + std::to_string(i), 100000, {x, w}, act, op_trace::saved::inputs, 200000);
+    x = s.op1("relu" + std::to_string(i), 5000, {z}, act, op_trace::saved::outputs, 5000);
+  }
+  const trace_data t = s.finish(x, "linear-relu", "test");
+  const liveness live = compute_liveness(t);
+  const evsim::chain_model every = evsim::extract_chain(t, live, evsim::cut_rule::every_cut);
+  const evsim::chain_model saved = evsim::extract_chain(t, live, evsim::cut_rule::saved_cuts);
+  REQUIRE(every.ok);
+  REQUIRE(saved.ok);
+  // The first linear reads parameters only (the batch and W), so its z counts as a constant
+  // (fixed bytes): every other op ends a stage, 15 in all.
+  CHECK(every.chain.stages.size() == 15);
+  CHECK(saved.chain.stages.size() == 8);  // after every relu: z is a transient of its layer
+  for (std::size_t i = 0; i < saved.chain.stages.size(); ++i) {
+    const eviction::chain_stage& st = saved.chain.stages[i];
+    CAPTURE(i);
+    CHECK(st.xbar_bytes == size_classes::round_size(act));
+    if (i > 0) CHECK(st.forward_overhead_bytes == size_classes::round_size(act));  // z, during its relu
+  }
+  // Every-cut rotor holds each z it saves until its backward: over a range of budgets, planning
+  // both and taking the better is sometimes cheaper than every-cut alone, never dearer.
+  const std::vector<const evsim::chain_model*> both{&every, &saved};
+  const std::size_t least = evsim::best_rotor_min_device_budget(both);
+  CHECK(least == std::min(evsim::rotor_min_device_budget(every), evsim::rotor_min_device_budget(saved)));
+  int saved_better = 0;
+  for (std::size_t budget = least; budget < least + (48u << 20); budget += 1u << 20) {
+    CAPTURE(budget);
+    const evsim::rotor_point e = evsim::rotor_at(every, budget), v = evsim::rotor_at(saved, budget);
+    const evsim::rotor_point best = evsim::best_rotor_at(both, budget);
+    REQUIRE(best.feasible);
+    if (e.feasible) CHECK(best.extra_cost_ns <= e.extra_cost_ns);
+    if (v.feasible) CHECK(best.extra_cost_ns <= v.extra_cost_ns);
+    if (v.feasible && (!e.feasible || v.extra_cost_ns < e.extra_cost_ns)) {
+      ++saved_better;
+      CHECK(best.stages == saved.chain.stages.size());
+    }
+  }
+  CHECK(saved_better > 0);
 }
 
 TEST_CASE("a replay under a budget brings every input back with its bytes") {
