@@ -310,3 +310,34 @@ TEST_CASE("dtr-frag: a request that needs a new segment evicts a whole segment, 
   t.env.sim->run_until_idle();
   t.env.check_clean();
 }
+
+TEST_CASE("expandable segments: a round ends once the granules it frees cover the shortfall") {
+  // Three 4 MiB sources fill 12 MiB of a 16 MiB budget. A 6 MiB request is 2 MiB over it: the
+  // oldest source's 4 MiB of whole granules cover that (they are unmapped and mapped again where
+  // the request goes), so one eviction serves it. Counting freed bytes against the request's 6 MiB
+  // would have evicted a second source.
+  engine_options o;
+  o.budget = 16 * MiB;
+  o.expandable_segments = true;
+  o.engine.policy = "lru";
+  engine_env env(o);
+  lineage_graph g(env);
+  // The sources share one mapped run (12 MiB mapped first, then freed): none is a whole segment.
+  env.alloc->deallocate(env.alloc->allocate(12 * MiB));
+  std::vector<buffer_id> sources;
+  for (int i = 0; i < 3; ++i) sources.push_back(g.source(4 * MiB));
+  env.sim->run_until_idle();
+  REQUIRE(env.alloc->stats().reserved_bytes[0].current == static_cast<std::int64_t>(12 * MiB));
+  REQUIRE(env.alloc->stats().segment[0].current == 1);
+
+  void* p = env.alloc->allocate(6 * MiB);
+  CHECK(env.eng().stats().evictions == 1);
+  CHECK(env.eng().state(sources[0]) == buffer_state::spilled);
+  CHECK(env.eng().state(sources[1]) == buffer_state::resident);
+  CHECK(env.eng().state(sources[2]) == buffer_state::resident);
+  CHECK(env.alloc->stats().reserved_bytes[0].current <= static_cast<std::int64_t>(16 * MiB));
+  env.alloc->deallocate(p);
+  for (buffer_id id : sources) g.expect(id);
+  env.sim->run_until_idle();
+  env.check_clean();
+}

@@ -3,10 +3,13 @@
 //
 // The handler frees a contiguous range that fits the request when it can: each victim on the
 // request's stream and pool is checked with coalesced_size_if_freed before it is evicted, and the
-// round ends as soon as one range fits. Victims elsewhere help only through whole segments they
-// empty (the allocator gives those back after the round and reserves a new one), so a round also
-// ends once emptied segments cover the shortfall, or, failing both, once it has freed
-// max(request, shortfall) bytes; the allocator calls again if that was not enough.
+// round ends as soon as one range fits. Otherwise victims help through what their free gives back
+// to the device (releasable_if_freed): a whole segment they empty, with fixed segments, or the
+// whole granules they free, with expandable ones (those are unmapped and mapped again where the
+// request goes). So a round also ends once that covers the shortfall, or, failing both, once it
+// has freed max(request, shortfall) bytes; the allocator calls again if that was not enough.
+// (Until 2026-11-22 only a victim that was its whole segment counted, as cached when it was
+// registered: with expandable segments a round freed up to the whole request, not its shortfall.)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -144,7 +147,7 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
   pressure_result result;
   std::vector<buffer_entry*> skipped;  // could not be evicted now; candidates again afterwards
   const std::size_t enough = std::max(request.bytes, request.shortfall);
-  std::size_t released = 0;  // whole segments emptied: the allocator gives them back after the round
+  std::size_t released = 0;  // segments emptied, granules freed: the allocator gives them back
   const engine_candidate_view view(*this, now());
 
   while (candidates.size() > 0) {
@@ -159,9 +162,9 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
                                 victim->small_pool == request.small_pool;
     const std::size_t contiguous =
         serves_request ? allocator.coalesced_size_if_freed(victim->device_ptr) : 0;
-    const std::size_t segment = victim->segment_size;
-    const bool empties_segment =
-        victim->whole_segment || (segment > 0 && contiguous >= segment);
+    // What its free gives back to the device: its segment if that empties (fixed segments), or
+    // the whole granules it frees (expandable segments: those serve the request wherever they are).
+    const std::size_t releasable = allocator.releasable_if_freed(victim->device_ptr);
     if (!evict_locked(*victim, victim->mode)) {
       if (candidates.contains(*victim)) candidates.erase(*victim);
       skipped.push_back(victim);
@@ -169,7 +172,7 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
     }
     result.freed += victim->size;
     if (serves_request && contiguous >= request.bytes) break;
-    if (empties_segment) released += segment;
+    released += releasable;
     if (request.shortfall > 0 && released >= request.shortfall) break;
     if (result.freed >= enough) break;
   }
