@@ -270,6 +270,7 @@ class replayer {
     s.restores -= then.restores;
     s.recomputes -= then.recomputes;
     s.plan_holds_released -= then.plan_holds_released;
+    s.pin_holds_released -= then.pin_holds_released;
     s.bytes_spilled -= then.bytes_spilled;
     s.bytes_restored -= then.bytes_restored;
     s.bytes_recomputed -= then.bytes_recomputed;

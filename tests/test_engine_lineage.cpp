@@ -13,7 +13,8 @@
 // the old node retires; remove_node releases a node that has no output at once (freeing the forgotten
 // inputs only it held) and one with outputs with its last; the staleness clock advances by the cost
 // of each node a recompute runs, so buffers made early in one recompute are staler than later ones. pin_all, and a recompute's own inputs, pin the resident buffers first, so
-// that bringing back one never evicts another; a pin_all that fails leaves no pin; a recompute
+// that bringing back one never evicts another; a pin_all whose dropped input would not fit lets its
+// own first pins go and takes that input first; a pin_all that fails leaves no pin; a recompute
 // plan lets the outputs it holds for later nodes go when a node would not fit otherwise.
 #include <doctest/doctest.h>
 
@@ -220,10 +221,16 @@ TEST_CASE("pin_all that fails leaves no pin; an id may repeat") {
   env.sim->run_until_idle();
   drop(env.eng(), x);
   void* hole = env.alloc->allocate(512 * KiB);
-  // Recomputing x needs 512 KiB; s is its input and b is pinned first: nothing can be evicted.
-  const std::vector<buffer_id> inputs{b, x};
-  CHECK_THROWS_AS((void)env.eng().pin_all(inputs), out_of_memory);
-  CHECK(env.eng().state(x) == buffer_state::dropped);
+  // Recomputing x needs 512 KiB; s is its input and b is pinned by the caller: nothing can be
+  // evicted, also when pin_all lets its own pin of b go and tries x first.
+  {
+    pinned_buffer held = env.eng().pin(b);
+    const std::vector<buffer_id> inputs{b, x};
+    CHECK_THROWS_AS((void)env.eng().pin_all(inputs), out_of_memory);
+    CHECK(env.eng().state(x) == buffer_state::dropped);
+    CHECK(env.eng().stats().pinned_bytes == 512 * KiB);  // the caller's pin only
+    CHECK(env.eng().stats().pin_holds_released == 1);
+  }
   CHECK(env.eng().stats().pinned_bytes == 0);
   CHECK_NOTHROW((void)env.eng().evict(b, eviction_mode::spill));  // evict throws if pinned
   env.alloc->deallocate(hole);
@@ -237,6 +244,45 @@ TEST_CASE("pin_all that fails leaves no pin; an id may repeat") {
     CHECK_THROWS_AS(env.eng().forget(x), invalid_argument);  // still pinned once
   }
   CHECK(env.eng().stats().pinned_bytes == 0);
+  env.alloc->deallocate(tail);
+  for (buffer_id id : {s, x, b}) g.expect(id);
+  env.sim->run_until_idle();
+  env.check_clean();
+}
+
+TEST_CASE("pin_all lets its first pins go when a dropped input would not fit otherwise") {
+  // The segment is full: s, x's hole (taken), b, a tail. pin_all({b, x}) pins b first; recomputing
+  // x (from s) then needs 512 KiB that only b could give. So the pin of b is let go and x is taken
+  // first: b is spilled for x, then restored (s, no longer pinned, is spilled for it).
+  // Note [Pinning together lets go to fit].
+  engine_options o;
+  o.budget = 2 * MiB;
+  engine_env env(o);
+  lineage_graph g(env);
+  const buffer_id s = g.source(512 * KiB);
+  const buffer_id x = g.node({s}, {512 * KiB})[0];
+  const buffer_id b = g.source(512 * KiB);
+  void* tail = env.alloc->allocate(512 * KiB);
+  env.sim->run_until_idle();
+  drop(env.eng(), x);
+  void* hole = env.alloc->allocate(512 * KiB);
+  {
+    const std::vector<buffer_id> inputs{b, x};
+    std::vector<pinned_buffer> pins = env.eng().pin_all(inputs);
+    REQUIRE(pins.size() == 2);
+    CHECK(pins[0].id() == b);
+    CHECK(pins[1].id() == x);
+    CHECK(env.eng().stats().pin_holds_released == 1);
+    CHECK(env.eng().stats().recomputes == 1);
+    CHECK(env.eng().stats().restores == 1);  // b, after x
+    CHECK(env.eng().state(s) != buffer_state::resident);
+    CHECK(env.eng().stats().pinned_bytes == MiB);
+    env.sim->run_until_idle();
+    g.check_kernel(b, pins[0].get(), {});
+    g.check_kernel(x, pins[1].get(), {});
+  }
+  CHECK(env.eng().stats().pinned_bytes == 0);
+  env.alloc->deallocate(hole);
   env.alloc->deallocate(tail);
   for (buffer_id id : {s, x, b}) g.expect(id);
   env.sim->run_until_idle();

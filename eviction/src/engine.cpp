@@ -356,23 +356,46 @@ std::vector<pinned_buffer> eviction_engine::pin_all(std::span<const buffer_id> i
 }
 
 // Pins every entry (repeats pin more than once): the usable ones first, then the others, each made
-// resident and pinned in turn, so that making one resident never evicts another. On an exception
-// the pins taken here are released.
+// resident and pinned in turn, so that making one resident never evicts another. If making one
+// resident runs out of memory while pins taken here hold others, those pins are let go and the
+// entries are taken once more, the one that failed first: Note [Pinning together lets go to fit].
+// On an exception the pins taken here are released.
 void eviction_engine::impl::pin_together_locked(std::span<buffer_entry* const> entries,
                                                 std::size_t depth) {
   reap_in_flight_locked();
-  std::size_t pinned = 0;  // entries [0, pinned) of `order` hold a pin taken here
   std::vector<buffer_entry*> order(entries.begin(), entries.end());
   std::stable_partition(order.begin(), order.end(), [](const buffer_entry* e) {
     return e->state == buffer_state::resident || e->state == buffer_state::restoring;
   });
+  std::size_t pinned = 0;  // entries [0, pinned) of `order` hold a pin taken here
+  const auto release = [&] {
+    while (pinned > 0) unpin_locked(*order[--pinned]);
+  };
+  try {
+    for (; pinned < order.size(); ++pinned) {
+      make_resident_locked(*order[pinned], depth);
+      pin_locked(*order[pinned]);
+    }
+    return;
+  } catch (const out_of_memory&) {
+    if (pinned == 0) throw;
+    // The pins held here may be what keeps order[pinned] from fitting: let them go, so that
+    // they can be evicted while it is made resident, and take it first this time.
+    const auto failed = static_cast<std::ptrdiff_t>(pinned);
+    release();
+    std::rotate(order.begin(), order.begin() + failed, order.begin() + failed + 1);
+    ++stats.pin_holds_released;
+  } catch (...) {
+    release();
+    throw;
+  }
   try {
     for (; pinned < order.size(); ++pinned) {
       make_resident_locked(*order[pinned], depth);
       pin_locked(*order[pinned]);
     }
   } catch (...) {
-    while (pinned > 0) unpin_locked(*order[--pinned]);
+    release();
     throw;
   }
 }

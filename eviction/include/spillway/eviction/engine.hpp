@@ -72,6 +72,7 @@ struct engine_stats {
   std::uint64_t restores = 0;          // copies back from host
   std::uint64_t recomputes = 0;        // lineage node executions
   std::uint64_t plan_holds_released = 0;  // recompute plans that let their held outputs go to fit
+  std::uint64_t pin_holds_released = 0;   // pins of several buffers that let their first pins go to fit
   std::uint64_t bytes_spilled = 0;
   std::uint64_t bytes_restored = 0;
   std::uint64_t bytes_recomputed = 0;
@@ -158,8 +159,11 @@ class eviction_engine {
   pinned_buffer pin(buffer_id id, stream_ref use);  // also ordered for `use`
   // Pins the inputs of one operation together, as DTR locks an operator's arguments: the buffers
   // that are resident are pinned first, so bringing back the others (whose recompute may need
-  // evictions) never evicts them; then the others are made resident one by one. Returns the pins
-  // in the order of `ids` (an id may repeat). On failure no pin taken by the call is left.
+  // evictions) never evicts them; then the others are made resident one by one. If one of those
+  // does not fit, the call lets its own pins go and tries once more with that one first (the
+  // others may then be evicted and brought back after it; Note [Pinning together lets go to
+  // fit]). Returns the pins in the order of `ids` (an id may repeat). On failure no pin taken by
+  // the call is left.
   std::vector<pinned_buffer> pin_all(std::span<const buffer_id> ids);
   void unpin(buffer_id id);                          // for callers that do not use the guard
 
