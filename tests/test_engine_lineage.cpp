@@ -43,6 +43,37 @@ std::vector<buffer_id> chain(lineage_graph& g, int n, std::size_t bytes) {
   return ids;
 }
 
+// A full 2 MiB segment: s, x = f(s) (dropped, its block taken by `hole`), b, a raw tail; all
+// 512 KiB. Recomputing x needs 512 KiB that only b could give (s is x's input).
+struct full_segment {
+  engine_env env{options()};
+  lineage_graph g{env};
+  buffer_id s = g.source(512 * KiB);
+  buffer_id x = g.node({s}, {512 * KiB})[0];
+  buffer_id b = g.source(512 * KiB);
+  void* tail = env.alloc->allocate(512 * KiB);
+  void* hole = nullptr;
+
+  full_segment() {
+    env.sim->run_until_idle();
+    drop(env.eng(), x);
+    hole = env.alloc->allocate(512 * KiB);
+  }
+  static engine_options options() {
+    engine_options o;
+    o.budget = 2 * MiB;
+    return o;
+  }
+  // Frees the raw blocks, checks every buffer's bytes and the kernels' checks.
+  void finish() {
+    if (hole != nullptr) env.alloc->deallocate(hole);
+    env.alloc->deallocate(tail);
+    for (buffer_id id : {s, x, b}) g.expect(id);
+    env.sim->run_until_idle();
+    env.check_clean();
+  }
+};
+
 }  // namespace
 
 TEST_CASE("a dropped chain comes back from its end: each node once, inputs first") {
@@ -210,83 +241,58 @@ TEST_CASE("pin_all pins the resident inputs first: bringing back a dropped one n
 }
 
 TEST_CASE("pin_all that fails leaves no pin; an id may repeat") {
-  engine_options o;
-  o.budget = 2 * MiB;
-  engine_env env(o);
-  lineage_graph g(env);
-  const buffer_id s = g.source(512 * KiB);
-  const buffer_id x = g.node({s}, {512 * KiB})[0];
-  const buffer_id b = g.source(512 * KiB);
-  void* tail = env.alloc->allocate(512 * KiB);
-  env.sim->run_until_idle();
-  drop(env.eng(), x);
-  void* hole = env.alloc->allocate(512 * KiB);
-  // Recomputing x needs 512 KiB; s is its input and b is pinned by the caller: nothing can be
-  // evicted, also when pin_all lets its own pin of b go and tries x first.
+  full_segment t;
+  eviction_engine& eng = t.env.eng();
+  // b is pinned by the caller: nothing can be evicted for x, also when pin_all lets its own pin
+  // of b go and tries x first.
   {
-    pinned_buffer held = env.eng().pin(b);
-    const std::vector<buffer_id> inputs{b, x};
-    CHECK_THROWS_AS((void)env.eng().pin_all(inputs), out_of_memory);
-    CHECK(env.eng().state(x) == buffer_state::dropped);
-    CHECK(env.eng().stats().pinned_bytes == 512 * KiB);  // the caller's pin only
-    CHECK(env.eng().stats().pin_holds_released == 1);
+    pinned_buffer held = eng.pin(t.b);
+    const std::vector<buffer_id> inputs{t.b, t.x};
+    CHECK_THROWS_AS((void)eng.pin_all(inputs), out_of_memory);
+    CHECK(eng.state(t.x) == buffer_state::dropped);
+    CHECK(eng.stats().pinned_bytes == 512 * KiB);  // the caller's pin only
+    CHECK(eng.stats().pin_holds_released == 1);
   }
-  CHECK(env.eng().stats().pinned_bytes == 0);
-  CHECK_NOTHROW((void)env.eng().evict(b, eviction_mode::spill));  // evict throws if pinned
-  env.alloc->deallocate(hole);
+  CHECK(eng.stats().pinned_bytes == 0);
+  CHECK_NOTHROW((void)eng.evict(t.b, eviction_mode::spill));  // evict throws if pinned
+  t.env.alloc->deallocate(t.hole);
+  t.hole = nullptr;
   {
-    const std::vector<buffer_id> twice{x, x};
-    std::vector<pinned_buffer> pins = env.eng().pin_all(twice);
+    const std::vector<buffer_id> twice{t.x, t.x};
+    std::vector<pinned_buffer> pins = eng.pin_all(twice);
     REQUIRE(pins.size() == 2);
     CHECK(pins[0].get() == pins[1].get());
-    CHECK(env.eng().stats().pinned_bytes == 512 * KiB);
+    CHECK(eng.stats().pinned_bytes == 512 * KiB);
     pins[0].reset();
-    CHECK_THROWS_AS(env.eng().forget(x), invalid_argument);  // still pinned once
+    CHECK_THROWS_AS(eng.forget(t.x), invalid_argument);  // still pinned once
   }
-  CHECK(env.eng().stats().pinned_bytes == 0);
-  env.alloc->deallocate(tail);
-  for (buffer_id id : {s, x, b}) g.expect(id);
-  env.sim->run_until_idle();
-  env.check_clean();
+  CHECK(eng.stats().pinned_bytes == 0);
+  t.finish();
 }
 
 TEST_CASE("pin_all lets its first pins go when a dropped input would not fit otherwise") {
-  // The segment is full: s, x's hole (taken), b, a tail. pin_all({b, x}) pins b first; recomputing
-  // x (from s) then needs 512 KiB that only b could give. So the pin of b is let go and x is taken
-  // first: b is spilled for x, then restored (s, no longer pinned, is spilled for it).
-  // Note [Pinning together lets go to fit].
-  engine_options o;
-  o.budget = 2 * MiB;
-  engine_env env(o);
-  lineage_graph g(env);
-  const buffer_id s = g.source(512 * KiB);
-  const buffer_id x = g.node({s}, {512 * KiB})[0];
-  const buffer_id b = g.source(512 * KiB);
-  void* tail = env.alloc->allocate(512 * KiB);
-  env.sim->run_until_idle();
-  drop(env.eng(), x);
-  void* hole = env.alloc->allocate(512 * KiB);
+  // pin_all({b, x}) pins b first; recomputing x then needs b's 512 KiB. So the pin of b is let go
+  // and x is taken first: b is spilled for x, then restored (s, no longer pinned, is spilled for
+  // it). Note [Pinning together lets go to fit].
+  full_segment t;
+  eviction_engine& eng = t.env.eng();
   {
-    const std::vector<buffer_id> inputs{b, x};
-    std::vector<pinned_buffer> pins = env.eng().pin_all(inputs);
+    const std::vector<buffer_id> inputs{t.b, t.x};
+    std::vector<pinned_buffer> pins = eng.pin_all(inputs);
     REQUIRE(pins.size() == 2);
-    CHECK(pins[0].id() == b);
-    CHECK(pins[1].id() == x);
-    CHECK(env.eng().stats().pin_holds_released == 1);
-    CHECK(env.eng().stats().recomputes == 1);
-    CHECK(env.eng().stats().restores == 1);  // b, after x
-    CHECK(env.eng().state(s) != buffer_state::resident);
-    CHECK(env.eng().stats().pinned_bytes == MiB);
-    env.sim->run_until_idle();
-    g.check_kernel(b, pins[0].get(), {});
-    g.check_kernel(x, pins[1].get(), {});
+    CHECK(pins[0].id() == t.b);
+    CHECK(pins[1].id() == t.x);
+    CHECK(eng.stats().pin_holds_released == 1);
+    CHECK(eng.stats().recomputes == 1);
+    CHECK(eng.stats().restores == 1);  // b, after x
+    CHECK(eng.state(t.s) != buffer_state::resident);
+    CHECK(eng.stats().pinned_bytes == MiB);
+    t.env.sim->run_until_idle();
+    t.g.check_kernel(t.b, pins[0].get(), {});
+    t.g.check_kernel(t.x, pins[1].get(), {});
   }
-  CHECK(env.eng().stats().pinned_bytes == 0);
-  env.alloc->deallocate(hole);
-  env.alloc->deallocate(tail);
-  for (buffer_id id : {s, x, b}) g.expect(id);
-  env.sim->run_until_idle();
-  env.check_clean();
+  CHECK(eng.stats().pinned_bytes == 0);
+  t.finish();
 }
 
 TEST_CASE("a recompute pins its resident inputs before restoring the others") {
