@@ -410,4 +410,10 @@ class lineage_graph {
   std::vector<node_record> nodes_;
 };
 
+// Drops `id` now (it must be droppable).
+inline void drop(eviction_engine& e, buffer_id id) {
+  REQUIRE(e.evict(id, eviction_mode::drop));
+  REQUIRE(e.state(id) == buffer_state::dropped);
+}
+
 }  // namespace spillway::test

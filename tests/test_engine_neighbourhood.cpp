@@ -37,10 +37,7 @@ double neighbourhood(const engine_env& env, buffer_id id) {
   return c->neighbourhood_cost_ns;
 }
 
-void drop(const engine_env& env, buffer_id id) {
-  REQUIRE(env.eng().evict(id, eviction_mode::drop));
-  REQUIRE(env.eng().state(id) == buffer_state::dropped);
-}
+void drop(const engine_env& env, buffer_id id) { spillway::test::drop(env.eng(), id); }
 
 constexpr std::size_t k_bytes = 4 * KiB;
 

@@ -371,32 +371,25 @@ void eviction_engine::impl::pin_together_locked(std::span<buffer_entry* const> e
   const auto release = [&] {
     while (pinned > 0) unpin_locked(*order[--pinned]);
   };
-  try {
-    for (; pinned < order.size(); ++pinned) {
-      make_resident_locked(*order[pinned], depth);
-      pin_locked(*order[pinned]);
+  for (bool retried = false;; retried = true) {
+    try {
+      for (; pinned < order.size(); ++pinned) {
+        make_resident_locked(*order[pinned], depth);
+        pin_locked(*order[pinned]);
+      }
+      return;
+    } catch (const out_of_memory&) {
+      const auto failed = static_cast<std::ptrdiff_t>(pinned);
+      release();
+      if (retried || failed == 0) throw;
+      // The pins held here may be what keeps order[failed] from fitting: with them let go they
+      // can be evicted while it is made resident; take it first this time.
+      std::rotate(order.begin(), order.begin() + failed, order.begin() + failed + 1);
+      ++stats.pin_holds_released;
+    } catch (...) {
+      release();
+      throw;
     }
-    return;
-  } catch (const out_of_memory&) {
-    if (pinned == 0) throw;
-    // The pins held here may be what keeps order[pinned] from fitting: let them go, so that
-    // they can be evicted while it is made resident, and take it first this time.
-    const auto failed = static_cast<std::ptrdiff_t>(pinned);
-    release();
-    std::rotate(order.begin(), order.begin() + failed, order.begin() + failed + 1);
-    ++stats.pin_holds_released;
-  } catch (...) {
-    release();
-    throw;
-  }
-  try {
-    for (; pinned < order.size(); ++pinned) {
-      make_resident_locked(*order[pinned], depth);
-      pin_locked(*order[pinned]);
-    }
-  } catch (...) {
-    release();
-    throw;
   }
 }
 

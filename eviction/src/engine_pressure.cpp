@@ -164,7 +164,9 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
         serves_request ? allocator.coalesced_size_if_freed(victim->device_ptr) : 0;
     // What its free gives back to the device: its segment if that empties (fixed segments), or
     // the whole granules it frees (expandable segments: those serve the request wherever they are).
-    const std::size_t releasable = allocator.releasable_if_freed(victim->device_ptr);
+    // Looked up only when a shortfall can use it (one allocator lookup, under its lock).
+    const std::size_t releasable =
+        request.shortfall > 0 ? allocator.releasable_if_freed(victim->device_ptr) : 0;
     if (!evict_locked(*victim, victim->mode)) {
       if (candidates.contains(*victim)) candidates.erase(*victim);
       skipped.push_back(victim);
