@@ -43,7 +43,10 @@ double trace_report::stall_ns(const run_result& r) const {
 
 std::vector<chain_target> chain_targets(const trace_report& r, double limit) {
   std::vector<chain_target> out;
-  if (!r.rotor.computed) return out;
+  const bool any_drop_only = std::any_of(r.runs.begin(), r.runs.end(), [](const series& s) {
+    return s.mode == engine_mode::drop_only;
+  });
+  if (!r.rotor.computed || !any_drop_only) return out;  // nothing to hold to rotor's optimum
   for (std::size_t i = 0; i < r.ratios.size(); ++i) {
     const rotor_point& rp = r.rotor.at[i];
     if (!rp.feasible) continue;  // below rotor's minimum: no target
@@ -145,7 +148,7 @@ void print_table(std::ostream& out, const std::vector<trace_report>& reports, co
       out << "   chain target (best drop-only extra compute <= 1.15 x rotor's, at budgets >= rotor's minimum):\n";
       for (const chain_target& t : targets) {
         std::snprintf(line, sizeof line, "     ratio %.2f: rotor %.3f ms, best %s %.3f ms -> %s  %s\n", t.ratio,
-                      t.rotor_extra_ns / 1e6, t.best.empty() ? "(none ran)" : t.best.c_str(), t.best_extra_ns / 1e6,
+                      t.rotor_extra_ns / 1e6, t.best.empty() ? "(every drop-only run out of memory)" : t.best.c_str(), t.best_extra_ns / 1e6,
                       std::isfinite(t.factor) ? fmt("%.3fx", t.factor).c_str() : "inf", t.met ? "met" : "MISSED");
         out << line;
       }

@@ -53,7 +53,8 @@ struct trace_report {
 };
 
 // For chain traces: at each ratio whose budget is at least rotor's minimum, the best drop-only
-// run's extra compute over rotor's. met: <= 1.15 everywhere (an OOM there is a miss).
+// run's extra compute over rotor's. met: <= 1.15 everywhere (an OOM there is a miss). Empty
+// when rotor was not computed or no drop-only run was asked for.
 struct chain_target {
   double ratio = 0;
   bool rotor_feasible = false;

@@ -7,7 +7,8 @@
 // recomputes (drop), copies (spill) or both (hybrid) and brings every input back with the bytes it
 // had (the kernels check signatures), stays within the budget, is never faster than the replay
 // without a budget — which takes exactly the sum of the op durations — and reports an
-// out-of-memory as a failed run.
+// out-of-memory as a failed run; and the chain target holds only drop-only runs to rotor's
+// optimum, counting an out-of-memory one as a miss.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "evict_sim_chain.hpp"
+#include "evict_sim_report.hpp"
 #include "evict_sim_run.hpp"
 #include "op_trace_builder.hpp"
 #include "op_trace.hpp"
@@ -148,4 +150,46 @@ TEST_CASE("a replay under a budget brings every input back with its bytes") {
   const evsim::run_result oom = evsim::replay(t, l, c);
   CHECK_FALSE(oom.ok);
   CHECK(oom.failure.find("out of memory") != std::string::npos);
+}
+
+TEST_CASE("the chain target counts drop-only runs only, and an out-of-memory one as a miss") {
+  evsim::trace_report r;
+  r.ratios = {0.5, 0.9};
+  r.rotor.computed = true;
+  r.rotor.at.resize(2);
+  r.rotor.at[0].feasible = true;
+  r.rotor.at[0].extra_cost_ns = 1000;
+  r.rotor.at[1].feasible = true;  // rotor needs no recompute there
+  const auto run = [](bool ok, double recompute_ns) {
+    evsim::budget_point p;
+    p.result.ok = ok;
+    p.result.engine.recompute_cost_ns = recompute_ns;
+    return p;
+  };
+
+  SUBCASE("no drop-only run: no target to report") {
+    r.runs.push_back({"lru", evsim::engine_mode::spill_only, {run(true, 0), run(true, 0)}});
+    CHECK(evsim::chain_targets(r).empty());
+  }
+  SUBCASE("every drop-only run out of memory: a miss, with no best run") {
+    r.runs.push_back({"dtr", evsim::engine_mode::drop_only, {run(false, 0), run(false, 0)}});
+    const auto t = evsim::chain_targets(r);
+    REQUIRE(t.size() == 2);
+    CHECK(t[0].best.empty());
+    CHECK_FALSE(t[0].met);
+  }
+  SUBCASE("the cheapest drop-only run counts; a hybrid run does not") {
+    r.runs.push_back({"dtr", evsim::engine_mode::drop_only, {run(true, 1200), run(true, 0)}});
+    r.runs.push_back({"dtr-frag", evsim::engine_mode::drop_only, {run(true, 1100), run(true, 50)}});
+    r.runs.push_back({"dtr", evsim::engine_mode::hybrid, {run(true, 0), run(true, 0)}});
+    const auto t = evsim::chain_targets(r);
+    REQUIRE(t.size() == 2);
+    CHECK(t[0].best == "dtr-frag/drop");
+    CHECK(t[0].factor == doctest::Approx(1.1));
+    CHECK(t[0].met);
+    CHECK(t[1].best == "dtr/drop");
+    CHECK(t[1].factor == 1);  // both need nothing
+    CHECK(t[1].met);
+    CHECK_FALSE(evsim::chain_targets(r, 1.05)[0].met);
+  }
 }
