@@ -5,7 +5,8 @@
 // dropped input would not fit otherwise lets its own first pins go and takes that input first,
 // the others evicted and brought back after it, every byte intact; when even that fails (the
 // caller holds a pin itself), out_of_memory leaves no pin of the call and the buffer as it was;
-// an id may repeat. Note [Pinning together lets go to fit] in docs/eviction.md.
+// while the pins are let go, the entries count as needed now, and one rebuilt from the others
+// costs its own node only; an id may repeat. Note [Pinning together lets go to fit] in docs/eviction.md.
 #include <doctest/doctest.h>
 
 #include <vector>
@@ -141,6 +142,53 @@ TEST_CASE("pin_all lets its first pins go when a dropped input would not fit oth
   }
   CHECK(eng.stats().pinned_bytes == 0);
   t.finish();
+}
+
+TEST_CASE("pin_all that lets its pins go counts the inputs it takes again as needed now") {
+  // A backward op on a chain: it reads a (dropped), x = fx(a) and gr = fg(s); a = fa(s). x, a
+  // and gr may only be dropped, s only spilled. The segment is full (a's block is taken), so a
+  // does not fit while pin_all holds x and gr, and the pins are let go. Recomputing x alone is
+  // then cheap (100 ns: a is being taken anyway), though DTR's neighbourhood charges it a's class
+  // (fa, 500 us); gr costs 50 us. x goes and is made again from a; s is spilled for it, because
+  // gr, needed now, ranks after any candidate whose next use is later. Charging x the class
+  // instead drops gr, and gr then does not fit again beside a and x: out_of_memory.
+  // Note [Pinning together lets go to fit].
+  engine_options o;
+  o.budget = 2 * MiB;
+  engine_env env(o);
+  lineage_graph g(env);
+  buffer_options drop_only;
+  drop_only.mode = eviction_mode::drop;
+  const buffer_id s = g.source(256 * KiB);
+  const buffer_id gr = g.node({s}, {256 * KiB}, {}, 50'000, {drop_only})[0];
+  const node_id fg = g.nodes().back().id;
+  const buffer_id a = g.node({s}, {256 * KiB}, {}, 500'000, {drop_only})[0];
+  const node_id fa = g.nodes().back().id;
+  const buffer_id x = g.node({a}, {256 * KiB}, {}, 100, {drop_only})[0];
+  const node_id fx = g.nodes().back().id;
+  void* tail1 = env.alloc->allocate(512 * KiB);
+  void* tail2 = env.alloc->allocate(512 * KiB);
+  env.sim->run_until_idle();
+  drop(env.eng(), a);
+  void* hole = env.alloc->allocate(256 * KiB);  // a's block: the segment is full again
+  {
+    const std::vector<buffer_id> inputs{a, x, gr};
+    std::vector<pinned_buffer> pins = env.eng().pin_all(inputs);
+    REQUIRE(pins.size() == 3);
+    CHECK(env.eng().stats().pin_holds_released == 1);
+    CHECK(g.runs(fa) == 2);
+    CHECK(g.runs(fx) == 2);  // dropped for a, made again from it
+    CHECK(g.runs(fg) == 1);  // never evicted
+    CHECK(env.eng().state(s) != buffer_state::resident);
+    env.sim->run_until_idle();
+    for (std::size_t i = 0; i < inputs.size(); ++i) g.check_kernel(inputs[i], pins[i].get(), {});
+  }
+  env.alloc->deallocate(hole);
+  env.alloc->deallocate(tail1);
+  env.alloc->deallocate(tail2);
+  for (buffer_id id : {s, gr, a, x}) g.expect(id);
+  env.sim->run_until_idle();
+  env.check_clean();
 }
 
 TEST_CASE("a recompute pins its resident inputs before restoring the others") {

@@ -355,11 +355,41 @@ std::vector<pinned_buffer> eviction_engine::pin_all(std::span<const buffer_id> i
   return pins;
 }
 
+namespace {
+// Marks the entries of a pin_together that has let its pins go as wanted now, for as long as it
+// runs (Note [Pinning together lets go to fit]); an entry marked by an enclosing call stays marked.
+class wanted_now_marks {
+ public:
+  explicit wanted_now_marks(std::size_t& calls) noexcept : calls_(calls) {}
+  wanted_now_marks(const wanted_now_marks&) = delete;
+  wanted_now_marks& operator=(const wanted_now_marks&) = delete;
+  ~wanted_now_marks() {
+    for (buffer_entry* e : marked_) e->wanted_now = false;
+    if (active_) --calls_;
+  }
+  void mark(std::span<buffer_entry* const> entries) {
+    marked_.reserve(entries.size());
+    for (buffer_entry* e : entries) {
+      if (e->wanted_now) continue;
+      e->wanted_now = true;
+      marked_.push_back(e);
+    }
+    if (!active_) ++calls_;
+    active_ = true;
+  }
+
+ private:
+  std::size_t& calls_;
+  std::vector<buffer_entry*> marked_;
+  bool active_ = false;
+};
+}  // namespace
+
 // Pins every entry (repeats pin more than once): the usable ones first, then the others, each made
 // resident and pinned in turn, so that making one resident never evicts another. If making one
 // resident runs out of memory while pins taken here hold others, those pins are let go and the
-// entries are taken once more, the one that failed first: Note [Pinning together lets go to fit].
-// On an exception the pins taken here are released.
+// entries are taken once more, the one that failed first, each marked as wanted now while they
+// are: Note [Pinning together lets go to fit]. On an exception the pins taken here are released.
 void eviction_engine::impl::pin_together_locked(std::span<buffer_entry* const> entries,
                                                 std::size_t depth) {
   reap_in_flight_locked();
@@ -371,6 +401,7 @@ void eviction_engine::impl::pin_together_locked(std::span<buffer_entry* const> e
   const auto release = [&] {
     while (pinned > 0) unpin_locked(*order[--pinned]);
   };
+  wanted_now_marks wanted(let_go_calls);
   for (bool retried = false;; retried = true) {
     try {
       for (; pinned < order.size(); ++pinned) {
@@ -385,6 +416,7 @@ void eviction_engine::impl::pin_together_locked(std::span<buffer_entry* const> e
       // The pins held here may be what keeps order[failed] from fitting: with them let go they
       // can be evicted while it is made resident; take it first this time.
       std::rotate(order.begin(), order.begin() + failed, order.begin() + failed + 1);
+      wanted.mark(order);  // before any of them is described to the policy as a candidate
       ++stats.pin_holds_released;
     } catch (...) {
       release();

@@ -70,6 +70,9 @@ struct eviction_engine::impl {
   void pin_locked(detail::buffer_entry& e);
   void note_access_locked(std::span<detail::buffer_entry* const> entries);
   void pin_together_locked(std::span<detail::buffer_entry* const> entries, std::size_t depth);
+  // pin_together calls under way that have let their pins go (entries marked wanted_now): while
+  // none is, describe_candidate_locked reads no entry behind a candidate's record.
+  std::size_t let_go_calls = 0;
   void unpin_locked(detail::buffer_entry& e) noexcept;
   void update_candidacy_locked(detail::buffer_entry& e);
   void note_block_locked(detail::buffer_entry& e) noexcept;
@@ -123,6 +126,8 @@ struct eviction_engine::impl {
   pressure_result evict_for_locked(const eviction_request& request);
   bool evict_locked(detail::buffer_entry& e, eviction_mode mode);
   candidate_info describe_candidate_locked(const detail::candidate_record& r, std::uint64_t now) const noexcept;
+  void describe_wanted_now_locked(const detail::buffer_entry& e, candidate_info& c,
+                                  double& neighbourhood) const noexcept;
   detail::candidate_record make_record_locked(detail::buffer_entry& e) const noexcept;
   void* allocate_locked(std::size_t bytes, stream_ref stream);
 };

@@ -102,7 +102,8 @@ candidate_info eviction_engine::impl::describe_candidate_locked(const detail::ca
       c.next_use_ns = access.distance_ns(r.entry->next_read);
     }
   }
-  const double neighbourhood = r.can_drop ? r.neighbourhood_ns : 0;
+  double neighbourhood = r.can_drop ? r.neighbourhood_ns : 0;
+  if (let_go_calls > 0 && r.entry->wanted_now) describe_wanted_now_locked(*r.entry, c, neighbourhood);
   // The record's flags already include its mode; only a buffer that may go either way needs the
   // cost model's comparison (the common drop-only and spill-only cases skip it).
   const eviction_action action =
@@ -123,6 +124,22 @@ candidate_info eviction_engine::impl::describe_candidate_locked(const detail::ca
       break;
   }
   return c;
+}
+
+// A buffer that a pin_together which let its pins go is taking again (Note [Pinning together lets
+// go to fit]) is needed by the op under way: its next use is now, however long ago it was last
+// read, and if every input of its producer is at hand or taken in the same call, recomputing it
+// costs its own node only, run after them: the dropped classes next to it are being rebuilt
+// anyway.
+void eviction_engine::impl::describe_wanted_now_locked(const buffer_entry& e, candidate_info& c,
+                                                       double& neighbourhood) const noexcept {
+  c.next_use_ns = 0;
+  if (e.producer == nullptr) return;
+  const bool inputs_at_hand =
+      std::all_of(e.producer->inputs.begin(), e.producer->inputs.end(), [](const buffer_entry* in) {
+        return in->wanted_now || in->state != buffer_state::dropped;
+      });
+  if (inputs_at_hand) neighbourhood = 0;
 }
 
 pressure_result eviction_engine::impl::on_pressure(const pressure_request& r) {
