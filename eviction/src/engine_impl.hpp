@@ -2,6 +2,7 @@
 //
 // Methods ending in _locked assume the engine mutex is held (engine_lock). Files:
 //   engine.cpp            public API: registration, lineage, pin/unpin, forget, queries
+//   engine_pin_together.cpp  pin_all and a recompute's inputs: pinned together, let go to fit
 //   engine_spill.cpp      spill to pinned host, restore, in-flight copy bookkeeping, events
 //   engine_recompute.cpp  drop, recursive rematerialisation
 //   engine_neighbourhood.cpp  DTR's classes of dropped buffers and each buffer's neighbourhood cost
@@ -57,6 +58,12 @@ struct eviction_engine::impl {
   engine_stats stats;
   pressure_handler_id handler_id = 0;
 
+  // --- engine_pin_together.cpp ---------------------------------------------------------------------
+  void pin_together_locked(std::span<detail::buffer_entry* const> entries, std::size_t depth);
+  // Entries marked wanted_now by pin_together calls that have let their pins go: while there are
+  // none, describe_candidate_locked reads no entry behind a candidate's record.
+  std::size_t wanted_now_entries = 0;
+
   // --- engine.cpp ----------------------------------------------------------------------------------
   // The staleness clock: the configured clock, but never behind the recomputes the engine has run.
   // See Note [Staleness clock] in docs/eviction.md.
@@ -69,10 +76,6 @@ struct eviction_engine::impl {
   detail::node_entry& lookup_node_locked(node_id id, const char* operation) const;
   void pin_locked(detail::buffer_entry& e);
   void note_access_locked(std::span<detail::buffer_entry* const> entries);
-  void pin_together_locked(std::span<detail::buffer_entry* const> entries, std::size_t depth);
-  // pin_together calls under way that have let their pins go (entries marked wanted_now): while
-  // none is, describe_candidate_locked reads no entry behind a candidate's record.
-  std::size_t let_go_calls = 0;
   void unpin_locked(detail::buffer_entry& e) noexcept;
   void update_candidacy_locked(detail::buffer_entry& e);
   void note_block_locked(detail::buffer_entry& e) noexcept;

@@ -103,7 +103,7 @@ candidate_info eviction_engine::impl::describe_candidate_locked(const detail::ca
     }
   }
   double neighbourhood = r.can_drop ? r.neighbourhood_ns : 0;
-  if (let_go_calls > 0 && r.entry->wanted_now) describe_wanted_now_locked(*r.entry, c, neighbourhood);
+  if (wanted_now_entries > 0 && r.entry->wanted_now) describe_wanted_now_locked(*r.entry, c, neighbourhood);
   // The record's flags already include its mode; only a buffer that may go either way needs the
   // cost model's comparison (the common drop-only and spill-only cases skip it).
   const eviction_action action =

@@ -78,7 +78,7 @@ struct buffer_entry {
   std::vector<node_entry*> consumers;  // live nodes that need it as an input (keep it alive)
   bool user_owned = true;           // false once forgotten (kept only while consumers need it)
   bool evictable = true;
-  // An entry of a pin_together that has let its pins go to fit (engine.cpp): the op under way
+  // An entry of a pin_together that has let its pins go to fit (engine_pin_together.cpp): the op under way
   // needs it now. Note [Pinning together lets go to fit].
   bool wanted_now = false;
   eviction_mode mode = eviction_mode::automatic;
