@@ -4,7 +4,8 @@
 // docs/simulator.md has the model, the metrics and the results.
 //
 //   spillway-evict-sim [--trace FILE|synth:SPEC[,...]] [--budgets 1.0,0.8,...] [--policies dtr,...]
-//                      [--modes drop,hybrid,spill] [--verify] [--expandable] [--no-eager-drop] [--oom-layout]
+//                      [--modes drop,hybrid,spill] [--verify] [--expandable] [--max-split-mb N]
+//                      [--no-eager-drop] [--oom-layout]
 //                      [--link-gbps 50] [--driver-us 0] [--sync-us 0] [--seed S] [--rotor-slots 500]
 //                      [--rotor-max-stages 400]
 //                      [--json] [--plot FILE.svg] [--smoke]
@@ -45,7 +46,7 @@ void print_usage() {
   std::fputs(
       "usage: spillway-evict-sim [--trace FILE|synth:SPEC[,...]] [--budgets 1.0,0.8,0.6,0.5,0.4,0.3]\n"
       "                          [--policies dtr,lru,largest,dtr-frag] [--modes drop,hybrid,spill]\n"
-      "                          [--verify] [--expandable] [--no-eager-drop] [--oom-layout] [--link-gbps 50] [--seed 1]\n"
+      "                          [--verify] [--expandable] [--max-split-mb 0] [--no-eager-drop] [--oom-layout] [--link-gbps 50] [--seed 1]\n"
       "                          [--driver-us 0] [--sync-us 0] [--warmup-steps 0]\n"
       "                          [--rotor-slots 500] [--rotor-max-stages 400] [--json] [--plot FILE.svg]\n"
       "                          [--smoke]\n"
@@ -58,6 +59,8 @@ void print_usage() {
       "                drop (recompute only, like DTR), hybrid (spill or drop by cost), spill (no lineage)\n"
       "  --verify      kernels write and check signatures: wrong bytes after a restore are counted\n"
       "  --expandable  expandable segments (VMM) on the simulated device\n"
+      "  --max-split-mb  PyTorch's max_split_size_mb: cached blocks of at least this many MiB are not\n"
+      "                split nor used for much smaller requests (fixed segments; 0: no limit)\n"
       "  --no-eager-drop  keep released buffers that lineage still needs resident until evicted\n"
       "  --oom-layout  print the segments and their blocks to stderr when a run runs out of memory\n"
       "  --link-gbps   host<->device copy bandwidth each way (GB/s)\n"
@@ -191,6 +194,7 @@ std::string device_line(const options& o) {
   std::ostringstream s;
   s << "spillway-evict-sim on the simulated device (manual clock; copies " << o.base.link_bandwidth / 1e9
     << " GB/s each way, 2 us latency; " << (o.base.expandable ? "expandable segments" : "PyTorch's segment sizes")
+    << (o.base.max_split_size == no_split_limit ? "" : ", max_split_size " + std::to_string(o.base.max_split_size >> 20) + " MiB")
     << "; driver calls " << static_cast<double>(o.base.driver_latency_ns) / 1000 << " us, device syncs "
     << static_cast<double>(o.base.sync_latency_ns) / 1000 << " us";
   if (o.base.warmup_steps > 0) {
@@ -286,6 +290,13 @@ int run(int argc, char** argv) {
   o.base.verify = args.flag("verify");
   o.base.expandable = args.flag("expandable");
   o.base.eager_drop = !args.flag("no-eager-drop");
+  if (const long long mib = args.get_int("max-split-mb", 0); mib != 0) {
+    if (mib <= 20 || mib > (1ll << 28)) {
+      throw spillway::invalid_argument("--max-split-mb " + std::to_string(mib) +
+                                       ": expected MiB over 20 (PyTorch's max_split_size_mb), or 0 for none");
+    }
+    o.base.max_split_size = static_cast<std::size_t>(mib) << 20;
+  }
   o.base.oom_layout = args.flag("oom-layout");
   const double link_gbps = args.get_double("link-gbps", 50);
   if (!(link_gbps > 0 && link_gbps <= 1e4)) {  // NaN fails too
@@ -337,6 +348,7 @@ int run(int argc, char** argv) {
     bench::json_writer j(std::cout);
     j.begin_object().field("tool", "spillway-evict-sim").field("device", device_line(o));
     j.field("verify", o.base.verify).field("expandable", o.base.expandable).field("eager_drop", o.base.eager_drop);
+    j.field("max_split_mb", o.base.max_split_size == no_split_limit ? 0 : o.base.max_split_size >> 20);
     j.field("warmup_steps", static_cast<std::uint64_t>(o.base.warmup_steps));
     write_json(j, reports);
     j.end_object();

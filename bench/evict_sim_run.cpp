@@ -322,6 +322,7 @@ class replayer {
     allocator_config ac;
     ac.budget = c_.budget;
     ac.expandable_segments = c_.expandable;
+    ac.max_split_size = c_.max_split_size;
     ac.on_warning = [this](const std::string&) { ++warnings_; };
     alloc_ = std::make_unique<device_allocator>(sim_, ac);
     stream_ = sim_->create_stream();

@@ -44,6 +44,7 @@ struct run_config {
   std::size_t budget = unlimited_budget;   // reserved-bytes cap
   std::size_t capacity = 0;                // simulated device bytes (0: derived from the trace)
   bool expandable = false;
+  std::size_t max_split_size = no_split_limit;  // allocator_config::max_split_size
   bool verify = false;
   bool eager_drop = true;
   bool oom_layout = false;                 // on out of memory, print the segments' layout to stderr

@@ -124,8 +124,22 @@ TEST_CASE("an unknown key names itself and lists the known keys") {
   const std::string e = error_of("budget:8GiB,bugdet:4GiB");
   CHECK(contains(e, "SPILLWAY_CONF: unknown key \"bugdet\" in \"bugdet:4GiB\""));
   CHECK(contains(e, "known keys (case-sensitive): backend, budget, budget_fraction, device, "
-                    "expandable_address_range, expandable_segments, policy, sim_capacity"));
-  CHECK(contains(error_of("max_split_size_mb:128"), "unknown key \"max_split_size_mb\""));
+                    "expandable_address_range, expandable_segments, max_split_size_mb, policy, "
+                    "sim_capacity"));
+  CHECK(contains(error_of("garbage_collection_threshold:0.6"),
+                 "unknown key \"garbage_collection_threshold\""));
+}
+
+TEST_CASE("max_split_size_mb takes PyTorch's whole MiB over 20") {
+  CHECK(parse_config("max_split_size_mb:128").allocator.max_split_size == std::size_t{128} << 20);
+  CHECK(parse_config("").allocator.max_split_size == no_split_limit);
+  for (const char* bad : {"max_split_size_mb:20", "max_split_size_mb:0", "max_split_size_mb:-5",
+                          "max_split_size_mb:1.5", "max_split_size_mb:128MiB"}) {
+    CAPTURE(bad);
+    const std::string e = error_of(bad);
+    CHECK(contains(e, "max_split_size_mb"));
+    CHECK(contains(e, "expected a whole number of MiB over 20"));
+  }
 }
 
 TEST_CASE("malformed settings say what the format is") {

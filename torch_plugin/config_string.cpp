@@ -82,6 +82,15 @@ const std::map<std::string, key_rule, std::less<>>& key_rules() {
         [](plugin_config& c, std::string_view k, std::string_view v) {
           c.allocator.expandable_address_range = size_value(k, v);
         }}},
+      {"max_split_size_mb",
+       {"a whole number of MiB over 20",
+        [](plugin_config& c, std::string_view k, std::string_view v) {
+          std::size_t mib = 0;
+          const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), mib);
+          if (ec != std::errc() || end != v.data() + v.size() || mib <= 20 || mib > (std::size_t{1} << 28))
+            bad_value(k, v, "expected a whole number of MiB over 20 (the large pool's segment size), e.g. 128");
+          c.allocator.max_split_size = mib << 20;
+        }}},
       {"backend",
        {"cuda or sim",
         [](plugin_config& c, std::string_view k, std::string_view v) {

@@ -12,6 +12,7 @@
 //     budget_fraction           number in (0, 1]              cap as a fraction of device memory
 //     expandable_segments       bool                          grow segments with VMM
 //     expandable_address_range  size                          address space per expandable segment
+//     max_split_size_mb         integer > 20 (MiB)            PyTorch's: oversize blocks are not split
 //     backend                   cuda | sim                    the device spillway allocates from
 //     sim_capacity              size                          memory of the simulated device
 //     policy                    an eviction policy name (spillway::eviction::policy_names())

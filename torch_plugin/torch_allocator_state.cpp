@@ -122,7 +122,7 @@ cca::SnapshotInfo torch_allocator::snapshot(c10::MempoolId_t mempool_id, bool in
   }
   cca::AllocatorConfigInfo& cfg = out.config_metadata;
   cfg.garbage_collection_threshold = 0.0;
-  cfg.max_split_size = static_cast<size_t>(-1);  // spillway splits without limit
+  cfg.max_split_size = config_.allocator.max_split_size;  // no_split_limit is SIZE_MAX, as PyTorch's
   cfg.pinned_num_register_threads = 1;
   cfg.expandable_segments = config_.allocator.expandable_segments;
   cfg.release_lock_on_malloc = false;

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "block.hpp"
+#include "spillway/allocator_config.hpp"
+#include "spillway/size_classes.hpp"
 #include "spillway/stats.hpp"
 
 namespace spillway::detail {
@@ -26,12 +28,23 @@ class block_pool {
   bool small() const noexcept { return small_; }
 
   // The smallest free block on `stream` of at least `size` bytes, lowest address first on ties;
-  // nullptr when there is none. O(log n).
+  // nullptr when there is none, or when that block is oversize and may not serve `size` (then
+  // no larger one may either). O(log n).
   block* best_fit(stream_ref stream, std::size_t size) noexcept {
     auto it = tree_.lower_bound(fit_key{stream, size}, fit_key_order{});
     if (it == tree_.end() || it->stream != stream) return nullptr;
+    if (it->size >= max_split_size_ && !oversize_serves(it->size, size)) return nullptr;
     return &*it;
   }
+
+  // Note [Oversize blocks]: an oversize block serves only a request of at least max_split_size,
+  // and one less than a large segment (20 MiB) smaller than itself.
+  bool oversize_serves(std::size_t block_size, std::size_t size) const noexcept {
+    return size >= max_split_size_ && block_size - size < size_classes::large_segment_size;
+  }
+  // Blocks of at least `bytes` are oversize (no_split_limit: none). The large pool's only.
+  void set_max_split_size(std::size_t bytes) noexcept { max_split_size_ = bytes; }
+  std::size_t max_split_size() const noexcept { return max_split_size_; }
 
   void insert(block* b) noexcept;
   void erase(block* b) noexcept;
@@ -45,6 +58,7 @@ class block_pool {
   bool small_;
   memory_stats& stats_;
   free_tree tree_;
+  std::size_t max_split_size_ = no_split_limit;
 };
 
 template <class T>

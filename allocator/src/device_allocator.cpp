@@ -34,6 +34,9 @@ void update_block_stats(memory_stats& s, const block_pool& pool, std::int64_t si
       s.allocated_bytes[i].decrease(size);
     }
   }
+  if (static_cast<std::size_t>(size) >= pool.max_split_size()) [[unlikely]] {
+    if (sign > 0) s.oversize_allocations.increase(1); else s.oversize_allocations.decrease(1);
+  }
 }
 
 void update_active_stats(memory_stats& s, const block_pool& pool, std::int64_t sign,
@@ -84,6 +87,27 @@ device_allocator::impl::impl(std::shared_ptr<device_backend> b, allocator_config
            ": the backend has no virtual memory management");
     }
   }
+  set_max_split_size_locked();
+}
+
+// Note [Oversize blocks]: the limit applies to the large pool of fixed segments.
+void device_allocator::impl::set_max_split_size_locked() {
+  const std::size_t limit = config.max_split_size;
+  if (limit == no_split_limit) return;
+  if (limit <= size_classes::large_segment_size) {
+    throw invalid_argument("spillway: max_split_size of " + std::to_string(limit) + " bytes (" +
+                           format_bytes(limit) + ") on device " + std::to_string(device) +
+                           ": expected more than " +
+                           format_bytes(size_classes::large_segment_size) +
+                           " (the large pool's segment size), or no_split_limit");
+  }
+  if (granularity != 0) {
+    warn("spillway: max_split_size ignored on device " + std::to_string(device) +
+         ": expandable segments split off and unmap any remainder");
+    return;
+  }
+  large_pool.set_max_split_size(limit);
+  stats.max_split_size = static_cast<std::int64_t>(limit);
 }
 
 // --- the fast path -----------------------------------------------------------------------------

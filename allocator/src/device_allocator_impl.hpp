@@ -87,12 +87,15 @@ struct device_allocator::impl {
   // in the block (no slivers in the large pool); in an expandable segment (every segment, when
   // granularity > 0) a remainder joins the next growth or is unmapped with its free neighbours,
   // so any remainder is split off there.
+  // An oversize block (Note [Oversize blocks]) is never split.
   bool splits_locked(const detail::block& b, std::size_t rounded) const noexcept {
     return granularity != 0 ? b.size - rounded >= size_classes::min_block_size
-                            : size_classes::should_split(b.size, rounded);
+                            : size_classes::should_split(b.size, rounded) &&
+                                  b.size < large_pool.max_split_size();
   }
   void take_block_locked(detail::block_pool& pool, detail::block* b, std::size_t rounded,
                          std::size_t requested);
+  void set_max_split_size_locked();
   void free_block_locked(detail::block* b) noexcept;
   void insert_free_locked(detail::block* b) noexcept;
   void defer_free_locked(detail::block* b) noexcept;

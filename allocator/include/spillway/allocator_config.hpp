@@ -12,6 +12,7 @@
 namespace spillway {
 
 inline constexpr std::size_t unlimited_budget = std::numeric_limits<std::size_t>::max();
+inline constexpr std::size_t no_split_limit = std::numeric_limits<std::size_t>::max();
 
 struct allocator_config {
   // Cap on reserved (physical) bytes on the device. unlimited_budget: the device's capacity only.
@@ -25,6 +26,16 @@ struct allocator_config {
   // Address space reserved for each expandable segment. 0: the device's total memory. When one
   // range is used up, a (pool, stream) gets another.
   std::size_t expandable_address_range = 0;
+
+  // PyTorch's max_split_size_mb, in bytes: free blocks of at least this size are "oversize". An
+  // oversize block is never split; a request below the limit is not served from one, and a
+  // request at or above it only from one less than 20 MiB larger, so large cached segments stay
+  // whole for the large requests they were made for instead of holding a small block at one end
+  // (Note [Oversize blocks] in docs/design.md). no_split_limit: no limit (PyTorch's default).
+  // Otherwise it must be over 20 MiB, the large pool's segment size. Fixed segments only: with
+  // expandable segments any remainder is split off and unmapped, and the limit is ignored with a
+  // warning through on_warning.
+  std::size_t max_split_size = no_split_limit;
 
   // Receives the message for problems that cannot be thrown: a deallocate of a pointer that is not
   // live, a destructor finding live allocations, an option that was ignored. Default: stderr.

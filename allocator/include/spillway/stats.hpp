@@ -60,9 +60,9 @@ struct memory_stats {
   std::int64_t num_device_free = 0;     // segments released / pages unmapped
   std::int64_t num_invalid_frees = 0;   // deallocate calls with a pointer that is not live
 
-  stat oversize_allocations;             // kept for PyTorch's layout; spillway never uses oversize
+  stat oversize_allocations;             // live blocks of at least max_split_size (Note [Oversize blocks])
   stat oversize_segments;
-  std::int64_t max_split_size = -1;      // no limit
+  std::int64_t max_split_size = -1;      // allocator_config::max_split_size; -1: no limit
 
   // The memory budget (reserved-bytes cap) and what the pressure path freed through handlers.
   std::int64_t budget = 0;
