@@ -37,11 +37,6 @@ class block_pool {
     return &*it;
   }
 
-  // Note [Oversize blocks]: an oversize block serves only a request of at least max_split_size,
-  // and one less than a large segment (20 MiB) smaller than itself.
-  bool oversize_serves(std::size_t block_size, std::size_t size) const noexcept {
-    return size >= max_split_size_ && block_size - size < size_classes::large_segment_size;
-  }
   // Blocks of at least `bytes` are oversize (no_split_limit: none). The large pool's only.
   void set_max_split_size(std::size_t bytes) noexcept { max_split_size_ = bytes; }
   std::size_t max_split_size() const noexcept { return max_split_size_; }
@@ -54,6 +49,11 @@ class block_pool {
 
  private:
   stat_type type() const noexcept { return small_ ? stat_type::small_pool : stat_type::large_pool; }
+  // Note [Oversize blocks]: an oversize block serves only a request of at least max_split_size,
+  // and one less than a large segment (20 MiB) smaller than itself.
+  bool oversize_serves(std::size_t block_size, std::size_t size) const noexcept {
+    return size >= max_split_size_ && block_size - size < size_classes::large_segment_size;
+  }
 
   bool small_;
   memory_stats& stats_;

@@ -157,7 +157,7 @@ void device_allocator::impl::count_segment_locked(const segment& seg, int sign,
     }
   }
   if (sign > 0) ++stats.num_device_alloc; else ++stats.num_device_free;
-  if (!seg.expandable && seg.size >= large_pool.max_split_size()) {  // Note [Oversize blocks]
+  if (seg.size >= large_pool.max_split_size()) {  // Note [Oversize blocks]; never when expandable
     if (sign > 0) stats.oversize_segments.increase(1); else stats.oversize_segments.decrease(1);
   }
 }
