@@ -6,9 +6,9 @@
                                      [--device auto|cpu|cuda] [--batch-scale S] [--warmup 1] [--seed 1]
 
 Needs torch (>= 1.13: TorchDispatchMode, StorageWeakRef; run with 1.13 and 2.11), torchvision for
-resnet50 and transformers for gpt2 and bert (run with torchvision 0.26, transformers 5.23); the
-U-Net comes from record_torch_traces.py and the MLP is defined here. Every model has random weights:
-nothing is downloaded. Each model runs in its own subprocess.
+resnet50, densenet121 and inception_v3, and transformers for gpt2 and bert (run with torchvision
+0.26, transformers 5.23); the U-Net comes from record_torch_traces.py and the MLP is defined here.
+Every model has random weights: nothing is downloaded. Each model runs in its own subprocess.
 
 How it records. A TorchDispatchMode (torch.utils._python_dispatch) sees every aten op after
 autograd, in the forward and in the backward (the mode is part of the thread-local state the
@@ -39,6 +39,10 @@ CPU its default is 1/16; GPT-2 and BERT train with their configs' dropout, 0.1):
   resnet1202  (only with --models) the CIFAR ResNet of He et al. with 6 x 200 + 2 layers (3 stages of
             200 basic blocks, 16/32/64 channels), 64 x 3 x 32 x 32, cross entropy: the deepest model
             of the DTR prototype's evaluation (batch 64 there too)
+  densenet121  (only with --models) torchvision, 84 x 3 x 224 x 224, cross entropy: the DTR
+            prototype's DenseNet-121 at its batch
+  inception_v3  (only with --models) torchvision (no auxiliary classifier), 64 x 3 x 299 x 299,
+            cross entropy: the nearest torchvision has to the DTR prototype's Inception-v4 (batch 64)
 
 Output: <out>/torch-<model>-<device>.optrace.gz and a .json summary next to it. The trace's header
 adds timing, torch (version), batch_scale, batch (the input shapes, e.g. x:16x3x224x224,y:16), dtype,
@@ -61,7 +65,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = ("mlp", "resnet50", "gpt2", "bert", "unet")  # recorded by default
-EXTRA_MODELS = ("resnet1202",)  # on request (--models): the DTR prototype's deepest model
+EXTRA_MODELS = ("resnet1202", "densenet121", "inception_v3")  # on request (--models): the DTR prototype's models
 
 
 # --- the trace, without torch ---------------------------------------------------------------------
@@ -314,6 +318,22 @@ def make_resnet_cifar(torch, blocks_per_stage=200):
     return model, lambda m, d: ce(m(d["x"]), d["y"]), batch, f"CIFAR ResNet-{depth}, 3x32x32"
 
 
+def make_dtr_vision(name, torch):
+    """The DTR prototype's ImageNet models that torchvision has, at the prototype's batch sizes."""
+    import torchvision
+    nn = torch.nn
+    if name == "densenet121":
+        model, side, b0 = torchvision.models.densenet121(weights=None), 224, 84
+    else:
+        model, side, b0 = torchvision.models.inception_v3(weights=None, aux_logits=False, init_weights=True), 299, 64
+    ce = nn.CrossEntropyLoss()
+
+    def batch(step, b=b0):
+        return {"x": torch.randn(b, 3, side, side), "y": torch.randint(0, 1000, (b,))}
+
+    return model, lambda m, d: ce(m(d["x"]), d["y"]), batch, f"torchvision {name}, 3x{side}x{side}"
+
+
 def describe_batch(batch):
     """One word for a batch's tensors: "x:16x3x224x224,y:16" (the trace header's `batch`)."""
     return ",".join(f"{k}:{'x'.join(str(int(d)) for d in v.shape)}" for k, v in batch.items())
@@ -340,6 +360,8 @@ def record_one(name, args):
         model, loss_fn, make_batch, description = make_mlp(torch)
     elif name == "resnet1202":
         model, loss_fn, make_batch, description = make_resnet_cifar(torch)
+    elif name in ("densenet121", "inception_v3"):
+        model, loss_fn, make_batch, description = make_dtr_vision(name, torch)
     else:
         model, loss_fn, make_batch, description = make_model(name, torch)
     make_batch = scaled(make_batch, scale)
