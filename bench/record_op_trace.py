@@ -318,22 +318,6 @@ def make_resnet_cifar(torch, blocks_per_stage=200):
     return model, lambda m, d: ce(m(d["x"]), d["y"]), batch, f"CIFAR ResNet-{depth}, 3x32x32"
 
 
-def make_dtr_vision(name, torch):
-    """The DTR prototype's ImageNet models that torchvision has, at the prototype's batch sizes."""
-    import torchvision
-    nn = torch.nn
-    if name == "densenet121":
-        model, side, b0 = torchvision.models.densenet121(weights=None), 224, 84
-    else:
-        model, side, b0 = torchvision.models.inception_v3(weights=None, aux_logits=False, init_weights=True), 299, 64
-    ce = nn.CrossEntropyLoss()
-
-    def batch(step, b=b0):
-        return {"x": torch.randn(b, 3, side, side), "y": torch.randint(0, 1000, (b,))}
-
-    return model, lambda m, d: ce(m(d["x"]), d["y"]), batch, f"torchvision {name}, 3x{side}x{side}"
-
-
 def describe_batch(batch):
     """One word for a batch's tensors: "x:16x3x224x224,y:16" (the trace header's `batch`)."""
     return ",".join(f"{k}:{'x'.join(str(int(d)) for d in v.shape)}" for k, v in batch.items())
@@ -360,8 +344,6 @@ def record_one(name, args):
         model, loss_fn, make_batch, description = make_mlp(torch)
     elif name == "resnet1202":
         model, loss_fn, make_batch, description = make_resnet_cifar(torch)
-    elif name in ("densenet121", "inception_v3"):
-        model, loss_fn, make_batch, description = make_dtr_vision(name, torch)
     else:
         model, loss_fn, make_batch, description = make_model(name, torch)
     make_batch = scaled(make_batch, scale)

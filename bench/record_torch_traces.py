@@ -89,18 +89,30 @@ def build_unet(nn):
     return UNet()
 
 
+# torchvision classifiers: constructor arguments, image side, batch. densenet121 and inception_v3
+# (no auxiliary head) are the DTR prototype's models at its batch sizes (it ran Inception-v4, which
+# torchvision does not have); record_op_trace.py records them on request.
+TORCHVISION = {
+    "resnet50": ({}, 224, 64),
+    "vit_b_16": ({}, 224, 64),
+    "densenet121": ({}, 224, 84),
+    "inception_v3": ({"aux_logits": False, "init_weights": True}, 299, 64),
+}
+
+
 def make_model(name, torch):
     """(model, loss_fn(model, batch) -> loss, make_batch(step) -> dict of CPU tensors, description)."""
     nn = torch.nn
-    if name in ("resnet50", "vit_b_16"):
+    if name in TORCHVISION:
         import torchvision
-        model = getattr(torchvision.models, name)(weights=None)
+        kwargs, side, b0 = TORCHVISION[name]
+        model = getattr(torchvision.models, name)(weights=None, **kwargs)
         ce = nn.CrossEntropyLoss()
 
-        def batch(step, b=64):
-            return {"x": torch.randn(b, 3, 224, 224), "y": torch.randint(0, 1000, (b,))}
+        def batch(step, b=b0):
+            return {"x": torch.randn(b, 3, side, side), "y": torch.randint(0, 1000, (b,))}
 
-        return model, lambda m, d: ce(m(d["x"]), d["y"]), batch, f"torchvision {name}, 3x224x224"
+        return model, lambda m, d: ce(m(d["x"]), d["y"]), batch, f"torchvision {name}, 3x{side}x{side}"
     if name == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
         config = GPT2Config()

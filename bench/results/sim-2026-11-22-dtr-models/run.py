@@ -23,7 +23,9 @@ TRACES = {  # name: (file, DTR's ratios and slowdowns from its data-full.json, d
     "inception_v3": ("bench/op_traces/dtr-models/torch-inception_v3-cpu.optrace.gz", {0.893: 1.07, 0.384: 1.25}),
 }
 RATIOS = [0.8, 0.6, 0.5, 0.45, 0.35, 0.3]
-CONFIGS = {"fixed": [], "fixed, max_split 32 MiB": ["--max-split-mb", "32"], "expandable": ["--expandable"]}
+# name: (its options, the options of its baseline, whose peak the budget ratios are of)
+CONFIGS = {"fixed": ([], []), "fixed, max_split 32 MiB": (["--max-split-mb", "32"], []),
+           "expandable": (["--expandable"], ["--expandable"])}
 POLICIES = ["dtr", "dtr-frag"]
 LIMIT_S = 60
 
@@ -37,16 +39,15 @@ def sim(args):
     return json.loads(out)["traces"][0]
 
 
-def peak(trace, config, wu):
-    base = [] if config.startswith("fixed") else CONFIGS[config]  # DTR's baseline: no split limit
-    t = sim(["--trace", trace, "--budgets", "1.0", "--policies", "dtr", "--warmup-steps", str(wu)] + base)
-    return t["peak_reserved"]
+def peak(trace, options, wu):
+    return sim(["--trace", trace, "--budgets", "1.0", "--policies", "dtr", "--warmup-steps", str(wu)] + options)[
+        "peak_reserved"]
 
 
 def one(job):
     name, config, wu, policy, ratio, budget_ratio = job
     t = sim(["--trace", TRACES[name][0], "--budgets", "%.6f" % budget_ratio, "--policies", policy,
-             "--warmup-steps", str(wu)] + CONFIGS[config])
+             "--warmup-steps", str(wu)] + CONFIGS[config][0])
     if t is None:
         return job, {"status": "timeout"}
     r = t["runs"][0]
@@ -64,9 +65,8 @@ def main():
         ratios = sorted(set(RATIOS) | set(dtr), reverse=True)
         for config in CONFIGS:
             for wu in (0, 1):
-                p0 = peak(trace, config, wu)
-                p1 = sim(["--trace", trace, "--budgets", "1.0", "--policies", "dtr", "--warmup-steps", str(wu)]
-                         + CONFIGS[config])["peak_reserved"]
+                options, baseline = CONFIGS[config]
+                p0, p1 = peak(trace, baseline, wu), peak(trace, options, wu)
                 peaks[f"{name}/{config}/{wu}"] = {"baseline_peak": p0, "own_peak": p1}
                 for policy in POLICIES:
                     for r in ratios:
