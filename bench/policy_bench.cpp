@@ -3,11 +3,11 @@
 //   spillway-policy-bench [--candidates N] [--calls CALLS] [--seed S] [--case NAME] [--json] [--smoke]
 //
 // The candidates (default 10,000) live in a synthetic candidate_view shaped like the engine's:
-// at(i) reads a vector, least_recently_used() and largest() return what an intrusive index would
-// hand back in O(1), and contiguous_if_evicted(id) does what the engine's does: a find in the
-// engine's registry (id -> device pointer), then, under a mutex as device_allocator's
-// coalesced_size_if_freed takes, a find in the allocator's blocks (the candidates' plus 4x as many
-// others, random 64-bit keys). The tool measures and prints that cost. Sizes are log-uniform over
+// at(i) reads a vector, least_recently_used(), largest() and cheapest_per_byte() return what the
+// engine's indexes would hand back in O(1), and contiguous_if_evicted(id) does what the engine's
+// does: a find in the engine's registry (id -> device pointer), then, under a mutex as
+// device_allocator's coalesced_size_if_freed takes, a find in the allocator's blocks (the
+// candidates' plus 4x as many others, random 64-bit keys). The tool measures and prints that cost. Sizes are log-uniform over
 // 64 KiB..256 MiB, 90% on the compute stream, and blocks of 1 MiB or less are in the small pool.
 //
 // Cases (--case NAME runs one): dtr, lru, largest; dtr-frag with a 32 MiB request on the compute
@@ -41,6 +41,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -96,6 +97,16 @@ class synthetic_view final : public eviction::candidate_view {
       items_.push_back(c);
     }
     for (std::size_t i = 0; i < 4 * n; ++i) ranges_.emplace(key(), k_mib);  // other blocks
+    // The 16 cheapest per byte, as the engine's cached prefix of its cost order hands them out.
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    const auto per_byte = [&](std::size_t i) {
+      return (items_[i].cost_ns + items_[i].neighbourhood_cost_ns) / static_cast<double>(items_[i].size);
+    };
+    const std::size_t front = std::min<std::size_t>(16, n);
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(front), order.end(),
+                      [&](std::size_t a, std::size_t b) { return per_byte(a) < per_byte(b); });
+    cheapest_.assign(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(front));
     lru_ = items_.front();
     largest_ = *std::max_element(items_.begin(), items_.end(),
                                  [](const candidate_info& a, const candidate_info& b) { return a.size < b.size; });
@@ -107,6 +118,11 @@ class synthetic_view final : public eviction::candidate_view {
     return items_[index];
   }
   std::optional<candidate_info> least_recently_used() const override { return lru_; }
+  std::size_t cheapest_per_byte(std::span<std::size_t> out) const override {
+    const std::size_t k = std::min(out.size(), cheapest_.size());
+    std::copy_n(cheapest_.begin(), k, out.begin());
+    return k;
+  }
   std::optional<candidate_info> largest() const override { return largest_; }
   std::size_t contiguous_if_evicted(buffer_id id) const override {
     ++lookups;
@@ -131,6 +147,7 @@ class synthetic_view final : public eviction::candidate_view {
   std::unordered_map<std::uint64_t, std::size_t> ranges_;      // block address -> range
   std::optional<candidate_info> lru_;
   std::optional<candidate_info> largest_;
+  std::vector<std::size_t> cheapest_;
 };
 
 struct case_spec {

@@ -9,7 +9,9 @@
 // each side only for its own part, while two dropped neighbours still joined another way stay
 // one set; forgetting a dropped buffer that joined two sets cuts them apart; set_lineage moves a
 // buffer's neighbourhood with its producer. And, on random graphs with random drops, restores
-// and new nodes, every candidate's cost equals one computed from scratch by the test.
+// and new nodes, every candidate's cost equals one computed from scratch by the test. And that a
+// decision finds the one buffer that is cheap per byte among more than DTR samples, because the
+// engine's order of candidates by cost per byte follows each change of its neighbourhood.
 #include <doctest/doctest.h>
 
 #include <map>
@@ -169,6 +171,48 @@ TEST_CASE("set_lineage: the neighbourhood follows the new producer") {
   drop(env, c);
   CHECK(neighbourhood(env, b) == 300);
   CHECK(neighbourhood(env, two[0]) == 300);
+}
+
+TEST_CASE("a decision finds the one cheap victim among many, as its neighbourhood changes") {
+  // 128 buffers of 16 KiB fill the one 2 MiB small-pool segment the budget allows: a source s,
+  // y = fy(s) and 125 others from s, all costing 1 ms, and x = fx(y) costing 10 ns, the only
+  // cheap victim. x becomes a candidate again while y is dropped, so it costs y's node too and
+  // is no cheaper than the rest; brought back, y leaves x cheap again. Then one more allocation must evict one buffer: DTR's sample of
+  // ceil(sqrt(127)) = 12 would find x about one time in ten, and finds it every time because the
+  // engine's order by cost per byte followed x's neighbourhood both ways and x joins the sample.
+  constexpr std::size_t bytes = 16 * KiB;
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    CAPTURE(seed);
+    engine_options o = drop_only();
+    o.budget = 2 * MiB;
+    o.engine.policy = "dtr";
+    o.engine.seed = seed;
+    engine_env env(o);
+    lineage_graph g(env);
+    const buffer_id s = g.source(bytes);
+    const buffer_id y = g.node({s}, {bytes}, {}, 1e6)[0];
+    const buffer_id x = g.node({y}, {bytes}, {}, 10)[0];
+    std::vector<buffer_id> others;
+    for (int i = 0; i < 125; ++i) others.push_back(g.node({s}, {bytes}, {}, 1e6)[0]);
+    env.sim->run_until_idle();
+    {
+      const pinned_buffer held = env.eng().pin(x);  // x comes back as a candidate after y is dropped
+      drop(env, y);
+    }
+    CHECK(neighbourhood(env, x) == 1e6);
+    g.expect(y);  // recomputes y into its own hole
+    env.sim->run_until_idle();
+    CHECK(neighbourhood(env, x) == 0);
+
+    void* p = env.alloc->allocate(bytes, stream_ref{});  // full: one eviction makes room
+    CHECK(env.eng().state(x) == buffer_state::dropped);
+    CHECK(env.eng().state(y) == buffer_state::resident);
+    for (buffer_id id : others) CHECK(env.eng().state(id) == buffer_state::resident);
+    env.alloc->deallocate(p);
+    g.expect(x);  // and x comes back intact
+    env.sim->run_until_idle();
+    env.check_clean();
+  }
 }
 
 TEST_CASE("random graphs: every candidate's neighbourhood cost equals one computed from scratch") {

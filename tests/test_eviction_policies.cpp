@@ -16,7 +16,9 @@
 // could beat a fit by size; with expandable segments it weighs DTR's best elsewhere too, by the
 // whole granules its eviction frees (none: not taken); make_policy rejects unknown names with a message naming them and the
 // choices; dtr_score falls with size and staleness (or the predicted time to the next use, which
-// replaces staleness where there is one) and rises with cost.
+// replaces staleness where there is one) and rises with cost. Above 64 candidates dtr and
+// dtr-frag also score the view's cheapest per byte, each candidate once, so a lone cheap victim
+// among 10,000 is chosen every time instead of one decision in a hundred.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -25,6 +27,7 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -81,6 +84,13 @@ class fake_view final : public candidate_view {
   }
   std::unordered_map<std::uint64_t, std::size_t> releasable;  // id -> bytes; default: none
   mutable int releasable_lookups = 0;
+  // What cheapest_per_byte hands out (indices, cheapest first); none by default.
+  std::vector<std::size_t> cheap;
+  std::size_t cheapest_per_byte(std::span<std::size_t> out) const override {
+    const std::size_t n = std::min(out.size(), cheap.size());
+    std::copy_n(cheap.begin(), n, out.begin());
+    return n;
+  }
 };
 
 candidate_info make_candidate(std::uint64_t id, std::size_t size, double cost_ns, double staleness_ns,
@@ -187,6 +197,39 @@ TEST_CASE("dtr: over 10,000 candidates it samples 100 distinct ones and lands in
           "%, worst rank ", worst);
   CHECK(mean_percentile < 0.03);   // expected ~1/(100+1)
   CHECK(worst < n / 10);           // P(all 100 strata miss the best 10%) is ~0.9^100
+}
+
+TEST_CASE("dtr and dtr-frag: the cheapest per byte join every sample, each candidate described once") {
+  // 10,000 candidates of the same size and staleness, all costly but one: the best victim. A
+  // sample of 100 finds it one decision in a hundred; with the view's cheapest joining, always.
+  constexpr std::size_t n = 10'000;
+  fake_view view;
+  for (std::size_t i = 0; i < n; ++i) view.items.push_back(make_candidate(i + 1, k_mib, 1e6, 1e6));
+  constexpr std::size_t best = 4321;
+  view.items[best].cost_ns = 10;
+  view.cheap = {best, 17, 9999, n + 5};  // an index out of range is ignored
+  for (const char* name : {"dtr", "dtr-frag"}) {
+    CAPTURE(name);
+    auto policy = make_policy(name, 11);
+    for (int call = 0; call < 50; ++call) {
+      view.at_calls.clear();
+      const std::optional<buffer_id> chosen = policy->choose(view, eviction_request{});
+      REQUIRE(chosen.has_value());
+      CHECK(chosen->value == best + 1);
+      const std::unordered_set<std::size_t> distinct(view.at_calls.begin(), view.at_calls.end());
+      CHECK(distinct.size() == view.at_calls.size());  // drawn already: not described again
+      CHECK(distinct.count(17) == 1);
+      CHECK(distinct.count(9999) == 1);
+      CHECK(distinct.count(n + 5) == 0);
+      CHECK(view.at_calls.size() <= 100 + 3);
+    }
+  }
+  // Without the view's cheapest the same sampling misses it most of the time.
+  view.cheap.clear();
+  auto policy = make_policy("dtr", 11);
+  int found = 0;
+  for (int call = 0; call < 50; ++call) found += policy->choose(view, eviction_request{})->value == best + 1;
+  CHECK(found < 10);
 }
 
 TEST_CASE("dtr: the seed makes the choices reproducible") {

@@ -408,7 +408,10 @@ void eviction_engine::impl::note_block_locked(buffer_entry& e) noexcept {
 // A candidate is resident, unpinned and evictable (Note [Eviction state machine]).
 void eviction_engine::impl::update_candidacy_locked(buffer_entry& e) {
   const bool should = e.state == buffer_state::resident && e.pins == 0 && e.evictable;
-  if (should && !candidates.contains(e)) candidates.insert(e, make_record_locked(e));
+  if (should && !candidates.contains(e)) {
+    const detail::candidate_record r = make_record_locked(e);
+    candidates.insert(e, r, cost_per_byte_locked(r));
+  }
   if (!should && candidates.contains(e)) candidates.erase(e);
 }
 

@@ -89,6 +89,7 @@ void eviction_engine::impl::set_neighbourhood_locked(buffer_entry& e, double cos
   detail::candidate_record& r = candidates.record(e);
   r.neighbourhood_ns = static_cast<float>(cost_ns);
   r.next_read = needed_next_locked(e);
+  candidates.reorder(e, cost_per_byte_locked(r));
 }
 
 std::uint32_t eviction_engine::impl::needed_next_locked(const buffer_entry& e) const noexcept {

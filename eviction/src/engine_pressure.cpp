@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <span>
 
 #include "engine_impl.hpp"
@@ -52,6 +53,9 @@ class engine_candidate_view final : public candidate_view {
     const buffer_entry* e = m_.candidates.oldest();
     if (e == nullptr) return std::nullopt;
     return m_.describe_candidate_locked(m_.candidates.record(*e), now_);
+  }
+  std::size_t cheapest_per_byte(std::span<std::size_t> out) const override {
+    return m_.candidates.cheapest_per_byte(out);
   }
   std::optional<candidate_info> largest() const override {
     const buffer_entry* e = m_.candidates.largest();
@@ -124,6 +128,14 @@ candidate_info eviction_engine::impl::describe_candidate_locked(const detail::ca
       break;
   }
   return c;
+}
+
+double eviction_engine::impl::cost_per_byte_locked(const detail::candidate_record& r) const noexcept {
+  double cost = std::numeric_limits<double>::infinity();  // neither way: last
+  if (r.can_drop) cost = static_cast<double>(r.recompute_ns) + static_cast<double>(r.neighbourhood_ns);
+  if (r.can_spill) cost = std::min(cost, costs->spill_cost_ns(r.size, 0));
+  const double per_byte = cost / static_cast<double>(std::max<std::size_t>(1, r.size));
+  return std::isnan(per_byte) ? std::numeric_limits<double>::infinity() : per_byte;
 }
 
 // A buffer that a pin_together which let its pins go is taking again (Note [Pinning together lets

@@ -74,6 +74,7 @@
 // heap looks like (bench/policy_bench.cpp measures it; the target is 5 us at 10,000 candidates).
 // The survivors of the first pass wait in a scratch vector that belongs to the policy.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -89,6 +90,7 @@ namespace {
 constexpr std::size_t k_exhaustive_limit = 64;  // score all candidates up to this many
 constexpr std::size_t k_frag_steps = 16;        // tier 2 ranks ranges in 1/16ths of the request
 constexpr std::size_t k_max_lookups = 24;       // contiguous_if_evicted calls per dtr-frag decision
+constexpr std::size_t k_cheapest = 16;          // the cheapest per byte join every drawn sample
 
 std::size_t ceil_sqrt(std::size_t n) noexcept {
   auto r = static_cast<std::size_t>(std::sqrt(static_cast<double>(n)));
@@ -127,16 +129,16 @@ std::size_t sample_size(std::size_t n) noexcept {
   return n <= k_exhaustive_limit ? n : ceil_sqrt(n);
 }
 
-// A sample of [0, n), as described at the top of the file, described by the view: indices in
-// increasing order, infos[k] the candidate at indices[k]. The vectors keep their capacity from one
-// decision to the next.
+// A sample of [0, n), as described at the top of the file, described by the view: the strata's
+// draws in increasing order, then the cheapest per byte that were not drawn; infos[k] the
+// candidate at indices[k]. The vectors keep their capacity from one decision to the next.
 struct sample {
   std::vector<std::size_t> indices;
   std::vector<candidate_info> infos;
 
   sample() {
-    indices.reserve(256);  // samples of up to 256: n <= 65,536 candidates
-    infos.reserve(256);
+    indices.reserve(256 + k_cheapest);  // draws of up to 256: n <= 65,536 candidates
+    infos.reserve(256 + k_cheapest);
   }
 
   void draw(const candidate_view& view, splitmix64& rng) {
@@ -155,6 +157,17 @@ struct sample {
         indices[j] = lo + draw_below(rng, length);
         lo += length;
       }
+      // The cheapest per byte join, unless drawn already: each index has one stratum to look in.
+      std::array<std::size_t, k_cheapest> cheap;
+      const std::size_t found = view.cheapest_per_byte(cheap);
+      const std::size_t long_end = longer * (base + 1);  // where the longer strata end
+      for (std::size_t j = 0; j < std::min(found, cheap.size()); ++j) {
+        const std::size_t i = cheap[j];
+        if (i >= n) continue;
+        const std::size_t stratum = i < long_end ? i / (base + 1) : longer + (i - long_end) / base;
+        if (indices[stratum] != i) indices.push_back(i);
+      }
+      infos.resize(indices.size());
     }
     view.describe(indices, infos);
   }

@@ -42,6 +42,8 @@ double dtr_score(const candidate_info& c) noexcept {
   return std::isnan(h) ? worst : h;  // inf / inf
 }
 
+std::size_t candidate_view::cheapest_per_byte(std::span<std::size_t>) const { return 0; }
+
 void candidate_view::describe(std::span<const std::size_t> indices,
                               std::span<candidate_info> out) const {
   const std::size_t n = std::min(indices.size(), out.size());

@@ -8,9 +8,10 @@
 //   neighbourhood), with the buffers next to it. Kept exact as buffers are dropped, brought back,
 //   registered and forgotten (engine_neighbourhood.cpp), so that every buffer that is not dropped
 //   knows its neighbourhood cost without walking the graph.
-// - candidate_set holds the eviction candidates (resident, unpinned, evictable) three ways: a
+// - candidate_set holds the eviction candidates (resident, unpinned, evictable) four ways: a
 //   vector of candidate_record by value for O(1) random access (sampling reads one cache line per
-//   candidate), and, intrusive on the buffer records, an LRU list and a size-ordered tree.
+//   candidate), and, intrusive on the buffer records, an LRU list, a size-ordered tree and a tree
+//   ordered by what evicting each costs per byte (the cheapest join every DTR sample).
 //   See Note [Eviction state machine] and Note [Eviction policies] in docs/eviction.md.
 #pragma once
 
@@ -19,9 +20,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "access_profile.hpp"
+#include "cost_order.hpp"
 #include "spillway/eviction/buffer.hpp"
 #include "spillway/eviction/lineage.hpp"
 
@@ -52,7 +55,9 @@ struct dtr_class {
 struct buffer_entry {
   bi::list_member_hook<bi::link_mode<bi::normal_link>> lru_hook;   // candidates, oldest first
   bi::set_member_hook<bi::link_mode<bi::normal_link>> size_hook;   // candidates by size
+  bi::set_member_hook<bi::link_mode<bi::normal_link>> cost_hook;   // candidates by cost per byte
   std::size_t candidate_index = no_index;                           // in candidate_set::all
+  double cost_per_byte = 0;  // a candidate: its key in the cost order (candidate_set::insert, reorder)
 
   static constexpr std::size_t no_index = static_cast<std::size_t>(-1);
 
@@ -212,11 +217,12 @@ class candidate_set {
   bool contains(const buffer_entry& e) const noexcept { return e.candidate_index != buffer_entry::no_index; }
 
   // Adds as the most recently used; r.entry == &e.
-  void insert(buffer_entry& e, const candidate_record& r) {
+  void insert(buffer_entry& e, const candidate_record& r, double cost_per_byte) {
     all_.push_back(r);  // the only step that may allocate: done first
     e.candidate_index = all_.size() - 1;
     lru_.push_back(e);
     sizes_.insert(e);
+    by_cost_.insert(e, cost_per_byte);
   }
   void erase(buffer_entry& e) noexcept {
     all_[e.candidate_index] = all_.back();
@@ -225,7 +231,12 @@ class candidate_set {
     e.candidate_index = buffer_entry::no_index;
     lru_.erase(lru_.iterator_to(e));
     sizes_.erase(sizes_.iterator_to(e));
+    by_cost_.erase(e);
   }
+  // A candidate's cost per byte changed (its neighbourhood did): it moves in the cost order.
+  void reorder(buffer_entry& e, double cost_per_byte) noexcept { by_cost_.reorder(e, cost_per_byte); }
+  // Up to out.size() (at most 16) candidates, the cheapest per byte first, as indices for at().
+  std::size_t cheapest_per_byte(std::span<std::size_t> out) const noexcept { return by_cost_.cheapest(out); }
 
   std::size_t size() const noexcept { return all_.size(); }
   const candidate_record& at(std::size_t i) const noexcept { return all_[i]; }
@@ -239,6 +250,7 @@ class candidate_set {
   std::vector<candidate_record> all_;
   lru_list lru_;
   size_tree sizes_;
+  cost_order<buffer_entry> by_cost_;
 };
 
 }  // namespace spillway::eviction::detail

@@ -10,8 +10,8 @@
 //                    with cost the buffer's own plus that of
 //                    the classes of dropped buffers next to it in the lineage graph (DTR's evicted
 //                    neighbourhood); evaluated on a random sample of ceil(sqrt(n)) candidates
-//                    (all of them when n <= 64), described in one describe() call, so a
-//                    decision is O(sqrt n)
+//                    joined by the 16 cheapest per byte (all of them when n <= 64), described
+//                    in one describe() call, so a decision is O(sqrt n)
 //   "lru"            the least recently used candidate, O(1)
 //   "largest"        the largest candidate, O(log n)
 //   "dtr-frag"       fragmentation-aware DTR: among sampled candidates, those whose eviction
@@ -85,6 +85,13 @@ class candidate_view {
   virtual void describe(std::span<const std::size_t> indices, std::span<candidate_info> out) const;
   virtual std::optional<candidate_info> least_recently_used() const = 0;
   virtual std::optional<candidate_info> largest() const = 0;
+  // Up to out.size() candidates that cost the least per byte to evict (recompute cost with the
+  // neighbourhood's, or a spill's, the cheaper allowed way, over the size), cheapest first, as
+  // indices for at() and describe(); returns how many. DTR's h is that cost per byte over the
+  // horizon, so a random sample finds the distant horizons and this the cheap bytes. The engine
+  // keeps the order (an intrusive tree with its first 16 cached: an array read); this default has
+  // none and returns 0.
+  virtual std::size_t cheapest_per_byte(std::span<std::size_t> out) const;
   // The contiguous free range that evicting `id` would leave, counting free and pending-free
   // neighbours (device_allocator::coalesced_size_if_freed). Costs a lookup in the allocator.
   virtual std::size_t contiguous_if_evicted(buffer_id id) const = 0;

@@ -1,0 +1,112 @@
+// test_cost_order: the candidates' order by cost per byte (eviction/src/cost_order.hpp).
+//
+// It proves, against a reference (a sorted std::set of (key, id)) through 20,000 random inserts,
+// erases and key changes, with many equal keys and infinite ones: cheapest() always hands out the
+// first min(out.size(), 16) records of the order, cheapest first, however the cached prefix was
+// repaired or topped up; a request for more than 16 gets 16; an empty order gets none; a key
+// change to the same value moves nothing.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "../eviction/src/cost_order.hpp"  // internal: tested directly
+
+namespace {
+
+struct record {
+  boost::intrusive::set_member_hook<boost::intrusive::link_mode<boost::intrusive::normal_link>> cost_hook;
+  double cost_per_byte = 0;
+  struct {
+    std::uint64_t value = 0;
+  } id;
+  std::size_t candidate_index = 0;
+};
+
+using order = spillway::eviction::detail::cost_order<record>;
+using reference = std::set<std::pair<double, std::uint64_t>>;
+
+// The first `want` ids of the reference, as cheapest() should hand out their candidate_index.
+std::vector<std::size_t> expected(const reference& ref, std::size_t want) {
+  std::vector<std::size_t> out;
+  for (auto it = ref.begin(); it != ref.end() && out.size() < want; ++it) out.push_back(it->second + 1000);
+  return out;
+}
+
+std::vector<std::size_t> cheapest(const order& o, std::size_t want) {
+  std::vector<std::size_t> out(want, 0);
+  out.resize(o.cheapest(out));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cheapest hands out the prefix of the order as records come, go and change") {
+  constexpr std::size_t n = 300;
+  std::vector<record> records(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    records[i].id.value = i;
+    records[i].candidate_index = i + 1000;
+  }
+  std::vector<bool> in(n, false);
+  order o;
+  reference ref;
+  std::mt19937_64 rng(7);
+  // Keys from a small set (ties broken by id), a continuous range, and infinity.
+  const auto key = [&] {
+    const std::uint64_t kind = rng() % 3;
+    if (kind == 0) return static_cast<double>(rng() % 8);
+    if (kind == 1) return std::uniform_real_distribution<double>(0, 8)(rng);
+    return rng() % 10 == 0 ? std::numeric_limits<double>::infinity() : 3.0;
+  };
+  for (int step = 0; step < 20000; ++step) {
+    const std::size_t i = rng() % n;
+    record& r = records[i];
+    const std::uint64_t action = rng() % 4;
+    if (!in[i]) {
+      const double k = key();
+      o.insert(r, k);
+      ref.insert({k, i});
+      in[i] = true;
+    } else if (action == 0) {
+      ref.erase({r.cost_per_byte, i});
+      o.erase(r);
+      in[i] = false;
+    } else {
+      const double k = action == 1 ? r.cost_per_byte : key();  // sometimes the same key
+      ref.erase({r.cost_per_byte, i});
+      o.reorder(r, k);
+      ref.insert({k, i});
+      CHECK(r.cost_per_byte == k);
+    }
+    // Asking sometimes for a short prefix, sometimes for the whole of it, sometimes not at all
+    // (the cache is then repaired over several changes before it is read).
+    const std::uint64_t ask = rng() % 4;
+    if (ask == 0) continue;
+    const std::size_t want = ask == 1 ? 1 + rng() % 5 : 16;
+    REQUIRE(cheapest(o, want) == expected(ref, want));
+  }
+  for (std::size_t i = 0; i < n; ++i) {  // empty it: nothing is handed out
+    if (in[i]) o.erase(records[i]);
+  }
+  CHECK(cheapest(o, 16).empty());
+}
+
+TEST_CASE("cheapest hands out at most 16, cheapest first") {
+  std::vector<record> records(40);
+  order o;
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    records[i].id.value = i;
+    records[i].candidate_index = i;
+    o.insert(records[i], static_cast<double>(40 - i));  // the last inserted is the cheapest
+  }
+  const std::vector<std::size_t> got = cheapest(o, 32);
+  REQUIRE(got.size() == 16);
+  for (std::size_t k = 0; k < got.size(); ++k) CHECK(got[k] == 39 - k);
+  for (record& r : records) o.erase(r);
+}
