@@ -90,7 +90,7 @@ namespace {
 constexpr std::size_t k_exhaustive_limit = 64;  // score all candidates up to this many
 constexpr std::size_t k_frag_steps = 16;        // tier 2 ranks ranges in 1/16ths of the request
 constexpr std::size_t k_max_lookups = 24;       // contiguous_if_evicted calls per dtr-frag decision
-constexpr std::size_t k_cheapest = 16;          // the cheapest per byte join every drawn sample
+constexpr std::size_t k_cheapest = 8;           // the cheapest per byte join every drawn sample
 
 std::size_t ceil_sqrt(std::size_t n) noexcept {
   auto r = static_cast<std::size_t>(std::sqrt(static_cast<double>(n)));

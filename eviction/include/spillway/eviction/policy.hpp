@@ -10,7 +10,7 @@
 //                    with cost the buffer's own plus that of
 //                    the classes of dropped buffers next to it in the lineage graph (DTR's evicted
 //                    neighbourhood); evaluated on a random sample of ceil(sqrt(n)) candidates
-//                    joined by the 16 cheapest per byte (all of them when n <= 64), described
+//                    joined by the 8 cheapest per byte (all of them when n <= 64), described
 //                    in one describe() call, so a decision is O(sqrt n)
 //   "lru"            the least recently used candidate, O(1)
 //   "largest"        the largest candidate, O(log n)
