@@ -97,7 +97,8 @@ class synthetic_view final : public eviction::candidate_view {
       items_.push_back(c);
     }
     for (std::size_t i = 0; i < 4 * n; ++i) ranges_.emplace(key(), k_mib);  // other blocks
-    // The 16 cheapest per byte (the policies ask for 8), as the engine's cached prefix of its cost order hands them out.
+    // The 16 cheapest per byte (the policies ask for 8), as the engine's cached prefix of its
+    // cost order hands them out.
     std::vector<std::size_t> order(n);
     std::iota(order.begin(), order.end(), std::size_t{0});
     const auto per_byte = [&](std::size_t i) {

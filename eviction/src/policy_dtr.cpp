@@ -5,7 +5,11 @@
 // uniformly from each with the policy's generator (SplitMix64). Every candidate is in the sample
 // with probability ~k/n, as with DTR's uniform sample, and the sample has no duplicates for the price
 // of one draw per stratum. The minimum h of k draws lies, on average, in the best 1/(k+1) of the
-// candidates (the best 1% at n = 10,000). The sample is described in one candidate_view::describe
+// candidates (the best 1% at n = 10,000). The k_cheapest candidates that cost least per byte
+// (candidate_view::cheapest_per_byte) join every drawn sample: h is a cost per byte over a
+// horizon, and a uniform sample misses the few cheap candidates when most carry a large evicted
+// neighbourhood (Note [Eviction policies], "The cheapest per byte join every sample"; thrashing
+// runs 97x -> 1.5x on the simulated device). The sample is described in one candidate_view::describe
 // call (the engine's reads one record per candidate, with its cost and neighbourhood cost cached),
 // then dtr's choose() is one pass over it that keeps the best so far: no allocation once the
 // scratch has grown to the sample's size; dtr-frag's adds a second pass over the candidates it
