@@ -1,0 +1,137 @@
+// test_pressure_release: step 3 of Note [Memory pressure path]: before any pressure handler is
+// asked, the allocator gives back free cached segments (or, with expandable segments, free
+// granules) that cover the budget's shortfall, and only as many as needed.
+//
+// It proves: a request over the budget that cached memory covers is served without a handler
+// call, with one release (one device synchronisation); the smallest segment that covers the
+// shortfall alone goes, or else the largest first until it is covered, and the rest stays cached;
+// with expandable segments free granules anywhere are unmapped to cover it. (Free cache that does
+// not cover the shortfall is kept while the handlers are asked: test_pressure_handlers.cpp.)
+#include <doctest/doctest.h>
+
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "allocator_checks.hpp"
+#include "backend_fixture.hpp"
+#include "spillway/device_allocator.hpp"
+
+using namespace spillway;
+using namespace spillway::test;
+
+
+namespace {
+
+// A live 12 MiB block on `s` and free cached segments of `sizes` MiB, under `budget_mib`, with a
+// handler that only counts its calls (it has nothing to evict).
+struct cached_under_budget {
+  std::unique_ptr<backend_env> env = make_sim_env();
+  std::unique_ptr<device_allocator> alloc;
+  stream_ref s = env->new_stream();
+  void* a = nullptr;
+  int calls = 0;
+
+  cached_under_budget(std::size_t budget_mib, std::initializer_list<std::size_t> sizes) {
+    allocator_config c = env->config();
+    c.budget = budget_mib * MiB;
+    alloc = std::make_unique<device_allocator>(env->backend, c);
+    a = alloc->allocate(12 * MiB, s);
+    std::vector<void*> blocks;
+    for (std::size_t mib : sizes) blocks.push_back(alloc->allocate(mib * MiB, s));
+    for (void* p : blocks) alloc->deallocate(p);
+    alloc->add_pressure_handler([this](const pressure_request&) {
+      ++calls;
+      return pressure_result{0, 0};
+    });
+  }
+};
+
+}  // namespace
+
+TEST_CASE("free cached segments that cover the shortfall are given back before any handler runs") {
+  cached_under_budget u(30, {12});  // 24 MiB reserved, 12 allocated
+  const memory_stats before = u.alloc->stats();
+  // 14 MiB fits no cached block, and a new segment would be 8 MiB over the budget: releasing
+  // the cached 12 MiB covers that. The handler is not asked (it would have to evict `a`, a live
+  // activation, for memory the cache already holds).
+  void* c = u.alloc->allocate(14 * MiB, u.s);
+  const memory_stats st = u.alloc->stats();
+  CHECK(u.calls == 0);
+  CHECK(u.alloc->owns(u.a));
+  CHECK(st.num_releases_before_eviction == before.num_releases_before_eviction + 1);
+  CHECK(st.num_sync_all_streams == before.num_sync_all_streams + 1);  // the release's one sync
+  CHECK(st.num_device_free == before.num_device_free + 1);
+  CHECK(st.num_pressure_handler_calls == before.num_pressure_handler_calls);
+  CHECK(st.reserved_bytes[0].current == static_cast<std::int64_t>(26 * MiB));
+  check_consistent(*u.alloc);
+  u.alloc->deallocate(c);
+  u.alloc->deallocate(u.a);
+}
+
+
+TEST_CASE("that release gives back only what covers the shortfall: the smallest segment that does alone") {
+  cached_under_budget u(48, {12, 16});  // 40 MiB reserved
+  const memory_stats before = u.alloc->stats();
+  void* x = u.alloc->allocate(18 * MiB, u.s);  // 10 MiB over: the 12 MiB segment covers it, and goes
+  memory_stats st = u.alloc->stats();
+  CHECK(u.calls == 0);
+  CHECK(st.num_releases_before_eviction == before.num_releases_before_eviction + 1);
+  CHECK(st.num_sync_all_streams == before.num_sync_all_streams + 1);
+  CHECK(st.num_device_free == before.num_device_free + 1);
+  CHECK(st.reserved_bytes[0].current == static_cast<std::int64_t>(46 * MiB));
+  void* y = u.alloc->allocate(16 * MiB, u.s);  // the 16 MiB segment stayed cached
+  CHECK(u.alloc->stats().num_device_alloc == before.num_device_alloc + 1);
+  check_consistent(*u.alloc);
+  for (void* p : {x, y, u.a}) u.alloc->deallocate(p);
+}
+
+TEST_CASE("that release gives back the largest segments first when none covers the shortfall alone") {
+  cached_under_budget u(50, {10, 12, 14});  // 48 MiB reserved
+  const memory_stats before = u.alloc->stats();
+  void* x = u.alloc->allocate(26 * MiB, u.s);  // 24 MiB over: 14 + 12 cover it, 10 stays
+  memory_stats st = u.alloc->stats();
+  CHECK(u.calls == 0);
+  CHECK(st.num_releases_before_eviction == before.num_releases_before_eviction + 1);
+  CHECK(st.num_sync_all_streams == before.num_sync_all_streams + 1);
+  CHECK(st.num_device_free == before.num_device_free + 2);
+  CHECK(st.reserved_bytes[0].current == static_cast<std::int64_t>(48 * MiB));
+  void* y = u.alloc->allocate(10 * MiB, u.s);  // the 10 MiB segment stayed cached
+  CHECK(u.alloc->stats().num_device_alloc == before.num_device_alloc + 1);
+  check_consistent(*u.alloc);
+  for (void* p : {x, y, u.a}) u.alloc->deallocate(p);
+}
+
+TEST_CASE("with expandable segments, free granules that cover the shortfall are unmapped before any handler runs") {
+  auto env = make_sim_env();
+  const std::size_t g = env->backend->vmm_granularity();
+  REQUIRE(g > 0);
+  allocator_config c = env->config();
+  c.expandable_segments = true;
+  c.expandable_address_range = 256 * MiB;
+  c.budget = 6 * g;
+  device_allocator alloc(env->backend, c);
+  void* a = alloc.allocate(2 * g);
+  void* b = alloc.allocate(2 * g);
+  void* d = alloc.allocate(g);
+  void* e = alloc.allocate(g);  // 6 granules mapped: the budget
+  alloc.deallocate(a);          // 2 + 1 free granules, apart: no free block holds 3
+  alloc.deallocate(d);
+  int calls = 0;
+  alloc.add_pressure_handler([&](const pressure_request&) {
+    ++calls;
+    alloc.deallocate(b);
+    return pressure_result{2 * g, 0};
+  });
+  const memory_stats before = alloc.stats();
+  void* x = alloc.allocate(3 * g);  // 3 new granules, 3 over: the free ones cover that
+  const memory_stats st = alloc.stats();
+  CHECK(calls == 0);
+  CHECK(alloc.owns(b));
+  CHECK(st.num_releases_before_eviction == before.num_releases_before_eviction + 1);
+  CHECK(st.reserved_bytes[0].current <= static_cast<std::int64_t>(6 * g));
+  check_consistent(alloc);
+  alloc.deallocate(x);
+  alloc.deallocate(b);
+  alloc.deallocate(e);
+}
