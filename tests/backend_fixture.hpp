@@ -91,6 +91,14 @@ struct backend_env {
     c.on_warning = warnings.sink();
     return c;
   }
+  // config() with expandable segments over a 256 MiB address range, under `budget` bytes.
+  allocator_config expandable_config(std::size_t budget) const {
+    allocator_config c = config();
+    c.expandable_segments = true;
+    c.expandable_address_range = std::size_t{256} << 20;
+    c.budget = budget;
+    return c;
+  }
 };
 
 inline sim_config default_sim_config() {

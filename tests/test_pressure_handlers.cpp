@@ -108,11 +108,7 @@ TEST_CASE("with expandable segments a request needs granules anywhere, not a con
   auto env = make_sim_env();
   const std::size_t g = env->backend->vmm_granularity();
   REQUIRE(g > 0);
-  allocator_config c = env->config();
-  c.expandable_segments = true;
-  c.expandable_address_range = 256 * MiB;
-  c.budget = 4 * g;
-  device_allocator alloc(env->backend, c);
+  device_allocator alloc(env->backend, env->expandable_config(4 * g));
   void* a = alloc.allocate(g);
   void* b = alloc.allocate(g);
   void* d = alloc.allocate(2 * g);  // the budget is used up

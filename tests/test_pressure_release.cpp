@@ -70,47 +70,46 @@ TEST_CASE("free cached segments that cover the shortfall are given back before a
 }
 
 
-TEST_CASE("that release gives back only what covers the shortfall: the smallest segment that does alone") {
-  cached_under_budget u(48, {12, 16});  // 40 MiB reserved
+namespace {
+
+// Cached segments of `sizes` MiB under `budget_mib` (a live 12 MiB block besides): a request of
+// `request_mib` is served by releasing `released` of them, without a handler call, and a request of
+// `kept_mib` afterwards by the segment that stayed cached (no new device allocation).
+void check_release(std::size_t budget_mib, std::initializer_list<std::size_t> sizes,
+                   std::size_t request_mib, std::size_t released, std::size_t reserved_mib,
+                   std::size_t kept_mib) {
+  cached_under_budget u(budget_mib, sizes);
   const memory_stats before = u.alloc->stats();
-  void* x = u.alloc->allocate(18 * MiB, u.s);  // 10 MiB over: the 12 MiB segment covers it, and goes
-  memory_stats st = u.alloc->stats();
+  void* x = u.alloc->allocate(request_mib * MiB, u.s);
+  const memory_stats st = u.alloc->stats();
   CHECK(u.calls == 0);
   CHECK(st.num_releases_before_eviction == before.num_releases_before_eviction + 1);
   CHECK(st.num_sync_all_streams == before.num_sync_all_streams + 1);
-  CHECK(st.num_device_free == before.num_device_free + 1);
-  CHECK(st.reserved_bytes[0].current == static_cast<std::int64_t>(46 * MiB));
-  void* y = u.alloc->allocate(16 * MiB, u.s);  // the 16 MiB segment stayed cached
+  CHECK(st.num_device_free == before.num_device_free + released);
+  CHECK(st.reserved_bytes[0].current == static_cast<std::int64_t>(reserved_mib * MiB));
+  void* y = u.alloc->allocate(kept_mib * MiB, u.s);
   CHECK(u.alloc->stats().num_device_alloc == before.num_device_alloc + 1);
   check_consistent(*u.alloc);
   for (void* p : {x, y, u.a}) u.alloc->deallocate(p);
 }
 
+}  // namespace
+
+TEST_CASE("that release gives back only what covers the shortfall: the smallest segment that does alone") {
+  // 40 MiB reserved; 18 MiB is 10 MiB over: the 12 MiB segment covers it and goes, 16 stays.
+  check_release(48, {12, 16}, 18, 1, 46, 16);
+}
+
 TEST_CASE("that release gives back the largest segments first when none covers the shortfall alone") {
-  cached_under_budget u(50, {10, 12, 14});  // 48 MiB reserved
-  const memory_stats before = u.alloc->stats();
-  void* x = u.alloc->allocate(26 * MiB, u.s);  // 24 MiB over: 14 + 12 cover it, 10 stays
-  memory_stats st = u.alloc->stats();
-  CHECK(u.calls == 0);
-  CHECK(st.num_releases_before_eviction == before.num_releases_before_eviction + 1);
-  CHECK(st.num_sync_all_streams == before.num_sync_all_streams + 1);
-  CHECK(st.num_device_free == before.num_device_free + 2);
-  CHECK(st.reserved_bytes[0].current == static_cast<std::int64_t>(48 * MiB));
-  void* y = u.alloc->allocate(10 * MiB, u.s);  // the 10 MiB segment stayed cached
-  CHECK(u.alloc->stats().num_device_alloc == before.num_device_alloc + 1);
-  check_consistent(*u.alloc);
-  for (void* p : {x, y, u.a}) u.alloc->deallocate(p);
+  // 48 MiB reserved; 26 MiB is 24 MiB over: 14 + 12 cover it and go, 10 stays.
+  check_release(50, {10, 12, 14}, 26, 2, 48, 10);
 }
 
 TEST_CASE("with expandable segments, free granules that cover the shortfall are unmapped before any handler runs") {
   auto env = make_sim_env();
   const std::size_t g = env->backend->vmm_granularity();
   REQUIRE(g > 0);
-  allocator_config c = env->config();
-  c.expandable_segments = true;
-  c.expandable_address_range = 256 * MiB;
-  c.budget = 6 * g;
-  device_allocator alloc(env->backend, c);
+  device_allocator alloc(env->backend, env->expandable_config(6 * g));
   void* a = alloc.allocate(2 * g);
   void* b = alloc.allocate(2 * g);
   void* d = alloc.allocate(g);
