@@ -69,7 +69,6 @@ TEST_CASE("free cached segments that cover the shortfall are given back before a
   u.alloc->deallocate(u.a);
 }
 
-
 namespace {
 
 // Cached segments of `sizes` MiB under `budget_mib` (a live 12 MiB block besides): a request of
