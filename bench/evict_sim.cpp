@@ -47,6 +47,7 @@ void print_usage() {
       "usage: spillway-evict-sim [--trace FILE|synth:SPEC[,...]] [--budgets 1.0,0.8,0.6,0.5,0.4,0.3]\n"
       "                          [--policies dtr,lru,largest,dtr-frag] [--modes drop,hybrid,spill]\n"
       "                          [--verify] [--expandable] [--max-split-mb 0] [--no-eager-drop] [--oom-layout] [--link-gbps 50] [--seed 1]\n"
+      "                          [--max-recompute-factor 8]\n"
       "                          [--driver-us 0] [--sync-us 0] [--warmup-steps 0]\n"
       "                          [--rotor-slots 500] [--rotor-max-stages 400] [--json] [--plot FILE.svg]\n"
       "                          [--smoke]\n"
@@ -64,6 +65,8 @@ void print_usage() {
       "  --no-eager-drop  keep released buffers that lineage still needs resident until evicted\n"
       "  --oom-layout  print the segments and their blocks to stderr when a run runs out of memory\n"
       "  --link-gbps   host<->device copy bandwidth each way (GB/s)\n"
+      "  --max-recompute-factor  a pin that recomputes over this many times the lineage's whole cost\n"
+      "                is thrashing and fails with out_of_memory (engine_config; 0: no bound)\n"
       "  --driver-us   simulated time per segment reserve or release and per page map or unmap call\n"
       "  --sync-us     simulated time per device synchronisation, beyond draining the streams\n"
       "  --warmup-steps  replay the trace this many times first, each a step (begin_step): the engine\n"
@@ -314,6 +317,11 @@ int run(int argc, char** argv) {
   o.base.driver_latency_ns = static_cast<std::uint64_t>(driver_us * 1000);
   o.base.sync_latency_ns = static_cast<std::uint64_t>(sync_us * 1000);
   o.base.seed = static_cast<std::uint64_t>(args.get_int("seed", 1));
+  o.base.max_recompute_factor = args.get_double("max-recompute-factor", 8);
+  if (!(o.base.max_recompute_factor >= 0 && o.base.max_recompute_factor <= 1e9)) {  // NaN fails too
+    throw spillway::invalid_argument("--max-recompute-factor " + std::to_string(o.base.max_recompute_factor) +
+                                     ": expected a number from 0 (no bound) to 1e9");
+  }
   const long long warmup = args.get_int("warmup-steps", 0);
   if (warmup < 0 || warmup > 100) {
     throw spillway::invalid_argument("--warmup-steps " + std::to_string(warmup) + ": expected 0 to 100");
@@ -350,6 +358,7 @@ int run(int argc, char** argv) {
     j.field("verify", o.base.verify).field("expandable", o.base.expandable).field("eager_drop", o.base.eager_drop);
     j.field("max_split_mb", o.base.max_split_size == no_split_limit ? 0 : o.base.max_split_size >> 20);
     j.field("warmup_steps", static_cast<std::uint64_t>(o.base.warmup_steps));
+    j.field("max_recompute_factor", o.base.max_recompute_factor);
     write_json(j, reports);
     j.end_object();
     std::cout << "\n";

@@ -333,6 +333,7 @@ class replayer {
     ec.allow_spill = c_.mode != engine_mode::drop_only;
     ec.allow_drop = c_.mode != engine_mode::spill_only;
     ec.max_recompute_depth = 1000000;
+    ec.max_recompute_factor = c_.max_recompute_factor;
     ec.clock = [s = sim_.get()] { return s->now_ns(); };
     engine_.emplace(*alloc_, ec);
   }

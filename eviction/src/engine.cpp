@@ -35,6 +35,11 @@ eviction_engine::impl::impl(eviction_engine& s, device_allocator& a, engine_conf
   if (config.max_recompute_depth == 0) {
     throw invalid_argument("spillway: engine_config.max_recompute_depth is 0; expected >= 1");
   }
+  if (!(config.max_recompute_factor >= 0) || !std::isfinite(config.max_recompute_factor)) {
+    throw invalid_argument("spillway: engine_config.max_recompute_factor is " +
+                           std::to_string(config.max_recompute_factor) +
+                           "; expected a finite number >= 0 (0: no bound)");
+  }
   d2h_stream = backend.create_stream();
   h2d_stream = backend.create_stream();
   link_bandwidth bw = config.bandwidth;
@@ -128,6 +133,7 @@ node_id eviction_engine::add_node(lineage_node desc) {
   n->output_sizes.assign(desc.output_count, 0);
   n->desc = std::move(desc);
   n->inputs = std::move(inputs);
+  m.lineage_cost_ns += n->desc.cost_ns;
   for (buffer_entry* in : n->inputs) in->consumers.push_back(n);  // reserved below, cannot throw
   return node_id{id};
 }
@@ -174,6 +180,7 @@ void eviction_engine::impl::detach_output_locked(buffer_entry& e) noexcept {
 // A node with no output left can never be asked to recompute: it lets go of its inputs.
 void eviction_engine::impl::retire_node_locked(node_entry& n) noexcept {
   std::vector<buffer_entry*> inputs = std::move(n.inputs);
+  lineage_cost_ns = std::max(0.0, lineage_cost_ns - n.desc.cost_ns);
   nodes.recycle(n.id);
   for (buffer_entry* in : inputs) {
     // Swap-and-pop: order does not matter, and the most recent reader is usually at the back.
@@ -341,8 +348,10 @@ pinned_buffer eviction_engine::pin(buffer_id id, stream_ref use) {
 }
 
 // A caller's pin or pin_all is one access event of the step under way (Note [Next-use
-// prediction]); the engine's own pins, while it recomputes, are not.
+// prediction]); the engine's own pins, while it recomputes, are not. It also starts the count of
+// what the call recomputes (Note [Thrashing bound]).
 void eviction_engine::impl::note_access_locked(std::span<buffer_entry* const> entries) {
+  call_recompute_ns = 0;
   if (access.steps() == 0) return;
   access.begin_event(now());
   for (const buffer_entry* e : entries) access.on_read(e->access_key);

@@ -57,6 +57,10 @@ struct eviction_engine::impl {
   detail::access_profile access;   // next-use prediction, once steps are marked (begin_step)
   engine_stats stats;
   pressure_handler_id handler_id = 0;
+  // Note [Thrashing bound]: the cost of every live lineage node (add_node adds, retiring
+  // subtracts), and what the caller's pin or pin_all under way has recomputed so far.
+  double lineage_cost_ns = 0;
+  double call_recompute_ns = 0;
 
   // --- engine_pin_together.cpp ---------------------------------------------------------------------
   void pin_together_locked(std::span<detail::buffer_entry* const> entries, std::size_t depth);
@@ -101,6 +105,7 @@ struct eviction_engine::impl {
   bool can_drop_locked(const detail::buffer_entry& e) const noexcept;
   void drop_locked(detail::buffer_entry& e) noexcept;
   void recompute_locked(detail::node_entry& n, std::size_t depth);
+  void check_thrashing_locked(const detail::node_entry& n) const;  // before n runs again
 
   // --- engine_neighbourhood.cpp ----------------------------------------------------------------------
   void set_state_locked(detail::buffer_entry& e, buffer_state s) noexcept;  // keeps the classes

@@ -11,6 +11,8 @@
 // can drop an input that the plan saw resident: recompute_locked then rematerialises it first,
 // with a plan of its own, one level deeper.)
 #include <algorithm>
+#include <cstdio>
+#include <limits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -189,6 +191,35 @@ struct visit_guard {
 };
 }  // namespace
 
+// Note [Thrashing bound]: running n again would take the caller's pin past max_recompute_factor
+// times the cost of the whole lineage. Nothing has changed for n yet; the exception unwinds like
+// an allocation's out_of_memory (pins let go, scratch freed, dropped buffers left dropped).
+void eviction_engine::impl::check_thrashing_locked(const node_entry& n) const {
+  const double limit = config.max_recompute_factor * lineage_cost_ns;
+  if (config.max_recompute_factor == 0 || call_recompute_ns + n.desc.cost_ns <= limit) return;
+  const memory_stats st = allocator.stats();
+  out_of_memory::details d;
+  d.device = allocator.device();
+  d.budget = allocator.budget();
+  d.allocated = static_cast<std::size_t>(st.allocated_bytes[0].current);
+  d.reserved = static_cast<std::size_t>(st.reserved_bytes[0].current);
+  d.pinned = stats.pinned_bytes;
+  char budget[48] = "no budget";
+  if (d.budget != std::numeric_limits<std::size_t>::max()) {
+    std::snprintf(budget, sizeof budget, "budget %zu bytes", d.budget);
+  }
+  char what[1024];
+  std::snprintf(what, sizeof what,
+                "spillway: thrashing on device %d: this pin has recomputed %.6g ms of lineage, and "
+                "running '%s' again would pass max_recompute_factor %g x the cost of the whole "
+                "lineage (%.6g ms): what it rebuilds is evicted again to make room for the rest. "
+                "%s, %zu bytes reserved, %zu allocated: raise the budget, allow spilling, or "
+                "raise max_recompute_factor",
+                d.device, call_recompute_ns / 1e6, n.desc.name.c_str(), config.max_recompute_factor,
+                lineage_cost_ns / 1e6, budget, d.reserved, d.allocated);
+  throw out_of_memory(what, d);
+}
+
 void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
   if (n.visiting) {
     throw std::logic_error("spillway: lineage cycle: rematerialising node '" + n.desc.name +
@@ -200,6 +231,7 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
                            std::to_string(config.max_recompute_depth) + " (runaway recursion?)");
   }
   visit_guard visiting(n);
+  check_thrashing_locked(n);
 
   // 1. Inputs: resident and pinned for the duration of the call (together: bringing back one
   //    never evicts another), ordered before n.stream.
@@ -274,6 +306,7 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
   }
   ++stats.recomputes;
   stats.recompute_cost_ns += n.desc.cost_ns;
+  call_recompute_ns += n.desc.cost_ns;
   // The node's work is queued, not done: the clock has not moved, but its outputs are as fresh
   // as its cost makes them (Note [Staleness clock]).
   recompute_time_floor = now() + static_cast<std::uint64_t>(n.desc.cost_ns);
