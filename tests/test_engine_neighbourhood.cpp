@@ -11,7 +11,9 @@
 // buffer's neighbourhood with its producer. And, on random graphs with random drops, restores
 // and new nodes, every candidate's cost equals one computed from scratch by the test. And that a
 // decision finds the one buffer that is cheap per byte among more than DTR samples, because the
-// engine's order of candidates by cost per byte follows each change of its neighbourhood.
+// engine's order of candidates by cost per byte follows each change of its neighbourhood; and
+// that this order (cheapest_to_drop) is by what dropping costs, leaves out pinned buffers and
+// never holds one that can only be spilled.
 #include <doctest/doctest.h>
 
 #include <map>
@@ -299,4 +301,28 @@ TEST_CASE("random graphs: every candidate's neighbourhood cost equals one comput
     }
     env.check_clean();
   }
+}
+
+TEST_CASE("cheapest_to_drop: droppable candidates by cost per byte, never one that can only spill") {
+  // Hybrid mode. s (a source: spill only), three nodes over it of 1 ms, 10 us and 100 us on 16 KiB,
+  // and a 64 KiB buffer registered without lineage (spill only, and the cheapest per byte to
+  // spill): the order is by what dropping costs, and the two that cannot drop are not in it.
+  engine_env env;
+  lineage_graph g(env);
+  const buffer_id s = g.source(16 * KiB);
+  const buffer_id dear = g.node({s}, {16 * KiB}, {}, 1e6)[0];
+  const buffer_id cheap = g.node({s}, {16 * KiB}, {}, 1e4)[0];
+  const buffer_id mid = g.node({s}, {16 * KiB}, {}, 1e5)[0];
+  const buffer_id big = g.source(64 * KiB);
+  env.sim->run_until_idle();
+  CHECK(env.eng().cheapest_to_drop(16) == std::vector<buffer_id>{cheap, mid, dear});
+  CHECK(env.eng().cheapest_to_drop(2) == std::vector<buffer_id>{cheap, mid});
+  CHECK(env.eng().cheapest_to_drop(0).empty());
+  {
+    const pinned_buffer held = env.eng().pin(cheap);  // pinned: not a candidate
+    CHECK(env.eng().cheapest_to_drop(16) == std::vector<buffer_id>{mid, dear});
+  }
+  for (buffer_id id : {s, big, dear, cheap, mid}) g.expect(id);
+  env.sim->run_until_idle();
+  env.check_clean();
 }

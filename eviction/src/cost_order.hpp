@@ -6,7 +6,8 @@
 //   cost_per_byte (never NaN) and then by id: a strict order, one place per record. insert / erase / reorder are
 //   O(log n) and never allocate.
 // - cheapest(out) writes the candidate_index of up to min(out.size(), k_front) records, the
-//   cheapest first. It is served from a cached prefix of the order, so that a decision reads one
+//   cheapest first, and none with an infinite key (a record that the order keeps for no reason to
+//   join: see cost_per_byte_locked). It is served from a cached prefix of the order, so that a decision reads one
 //   short array instead of walking tree nodes that the rest of the step has pushed out of the
 //   cache (a walk of 16 cold nodes doubled a decision's time at 10,000 candidates, measured).
 //   The prefix is repaired as records come and go, and topped up from the tree only where it
@@ -19,6 +20,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <limits>
 #include <span>
 
 #include <boost/intrusive/set.hpp>
@@ -56,8 +58,11 @@ class cost_order {
   std::size_t cheapest(std::span<std::size_t> out) const noexcept {
     top_up(std::min(out.size(), k_front));
     const std::size_t n = std::min(out.size(), size_);
-    for (std::size_t k = 0; k < n; ++k) out[k] = front_[k]->candidate_index;
-    return n;
+    std::size_t k = 0;
+    for (; k < n && front_[k]->cost_per_byte != std::numeric_limits<double>::infinity(); ++k) {
+      out[k] = front_[k]->candidate_index;
+    }
+    return k;
   }
 
  private:

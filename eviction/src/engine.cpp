@@ -1,6 +1,7 @@
 // engine.cpp: the eviction engine's public API — registration, lineage, pins, forget, queries.
 // The state machine is Note [Eviction state machine] in docs/eviction.md.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -489,6 +490,17 @@ std::optional<candidate_info> eviction_engine::describe_candidate(buffer_id id) 
   const buffer_entry& e = m.lookup_locked(id, "describe_candidate");
   if (!m.candidates.contains(e)) return std::nullopt;
   return m.describe_candidate_locked(m.candidates.record(e), m.now());
+}
+
+std::vector<buffer_id> eviction_engine::cheapest_to_drop(std::size_t k) const {
+  impl& m = *impl_;
+  engine_lock lock(m);
+  std::array<std::size_t, 16> indices{};
+  const std::size_t n = m.candidates.cheapest_per_byte(std::span(indices).first(std::min(k, indices.size())));
+  std::vector<buffer_id> out;
+  out.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) out.push_back(m.candidates.at(indices[i]).id);
+  return out;
 }
 
 std::size_t eviction_engine::size(buffer_id id) const {

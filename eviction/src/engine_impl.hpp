@@ -137,8 +137,8 @@ struct eviction_engine::impl {
   void describe_wanted_now_locked(const detail::buffer_entry& e, candidate_info& c,
                                   double& neighbourhood) const noexcept;
   detail::candidate_record make_record_locked(detail::buffer_entry& e) const noexcept;
-  // The key of the candidate set's cost order: what evicting it costs per byte, the cheaper
-  // allowed way (recompute with its neighbourhood, or a spill with no copy queued). Never NaN.
+  // The key of the candidate set's cost order: what dropping it costs per byte (recompute with its
+  // neighbourhood); infinite (never joined) if it cannot be dropped. Never NaN.
   double cost_per_byte_locked(const detail::candidate_record& r) const noexcept;
   void* allocate_locked(std::size_t bytes, stream_ref stream);
 };

@@ -185,6 +185,10 @@ class eviction_engine {
   // What a policy would be told about the buffer now (cost, neighbourhood cost, staleness), or
   // nullopt when it is not a candidate (pinned, not resident, not evictable). For tools and tests.
   std::optional<candidate_info> describe_candidate(buffer_id id) const;
+  // The candidates that cost least per byte to drop (recompute with the neighbourhood), cheapest
+  // first, at most `k` and 16: those that join every sample of dtr and dtr-frag (Note [Eviction
+  // policies]). A candidate that cannot be dropped is never among them. For tools and tests.
+  std::vector<buffer_id> cheapest_to_drop(std::size_t k) const;
   engine_stats stats() const;
   const cost_model& costs() const noexcept;
   device_allocator& allocator() const noexcept;

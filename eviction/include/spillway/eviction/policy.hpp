@@ -85,10 +85,11 @@ class candidate_view {
   virtual void describe(std::span<const std::size_t> indices, std::span<candidate_info> out) const;
   virtual std::optional<candidate_info> least_recently_used() const = 0;
   virtual std::optional<candidate_info> largest() const = 0;
-  // Up to out.size() candidates that cost the least per byte to evict (recompute cost with the
-  // neighbourhood's, or a spill's, the cheaper allowed way, over the size), cheapest first, as
-  // indices for at() and describe(); returns how many. DTR's h is that cost per byte over the
-  // horizon, so a random sample finds the distant horizons and this the cheap bytes. The engine
+  // Up to out.size() candidates that cost the least per byte to drop (recompute cost with the
+  // neighbourhood's, over the size), cheapest first, as indices for at() and describe(); returns
+  // how many. None that cannot be dropped: a spill costs about the same per byte for every buffer.
+  // DTR's h is a cost per byte over the horizon, so a random sample finds the distant horizons and
+  // this the cheap bytes. The engine
   // keeps the order (an intrusive tree with its first 16 cached: an array read); this default has
   // none and returns 0.
   virtual std::size_t cheapest_per_byte(std::span<std::size_t> out) const;
