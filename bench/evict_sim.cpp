@@ -317,7 +317,7 @@ int run(int argc, char** argv) {
   o.base.driver_latency_ns = static_cast<std::uint64_t>(driver_us * 1000);
   o.base.sync_latency_ns = static_cast<std::uint64_t>(sync_us * 1000);
   o.base.seed = static_cast<std::uint64_t>(args.get_int("seed", 1));
-  o.base.max_recompute_factor = args.get_double("max-recompute-factor", 8);
+  o.base.max_recompute_factor = args.get_double("max-recompute-factor", o.base.max_recompute_factor);
   if (!(o.base.max_recompute_factor >= 0 && o.base.max_recompute_factor <= 1e9)) {  // NaN fails too
     throw spillway::invalid_argument("--max-recompute-factor " + std::to_string(o.base.max_recompute_factor) +
                                      ": expected a number from 0 (no bound) to 1e9");

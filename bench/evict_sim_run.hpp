@@ -49,7 +49,7 @@ struct run_config {
   bool eager_drop = true;
   bool oom_layout = false;                 // on out of memory, print the segments' layout to stderr
   std::uint64_t seed = 1;
-  double max_recompute_factor = 8;         // engine_config::max_recompute_factor (0: no bound)
+  double max_recompute_factor = eviction::engine_config{}.max_recompute_factor;  // 0: no bound
   double link_bandwidth = 50e9;            // host <-> device, bytes per second, each way
   // Driver costs charged on the simulated clock (sim_config): per segment reserved or released and
   // per page map or unmap call (driver_latency_ns), per device synchronisation (sync_latency_ns).

@@ -3,8 +3,8 @@
 // It proves, against a reference (a sorted std::set of (key, id)) through 20,000 random inserts,
 // erases and key changes, with many equal keys and infinite ones: cheapest() always hands out the
 // first min(out.size(), 16) records of the order, cheapest first, however the cached prefix was
-// repaired or topped up, but none with an infinite key; a request for more than 16 gets 16; an empty order gets none; a key
-// change to the same value moves nothing.
+// repaired or topped up, but none with an infinite key; a request for more than 16 gets 16; an
+// empty order gets none; a key change to the same value moves nothing.
 #include <doctest/doctest.h>
 
 #include <array>

@@ -6,10 +6,10 @@
 //   cost_per_byte (never NaN) and then by id: a strict order, one place per record. insert / erase / reorder are
 //   O(log n) and never allocate.
 // - cheapest(out) writes the candidate_index of up to min(out.size(), k_front) records, the
-//   cheapest first, and none with an infinite key (a record that the order keeps for no reason to
-//   join: see cost_per_byte_locked). It is served from a cached prefix of the order, so that a decision reads one
-//   short array instead of walking tree nodes that the rest of the step has pushed out of the
-//   cache (a walk of 16 cold nodes doubled a decision's time at 10,000 candidates, measured).
+//   cheapest first, and none with an infinite key (a record the order keeps but that is not to
+//   join: see cost_per_byte_locked). It is served from a cached prefix of the order, so that a
+//   decision reads one short array instead of walking tree nodes that the rest of the step has
+//   pushed out of the cache (a walk of 16 cold nodes doubled a decision's time at 10,000 candidates, measured).
 //   The prefix is repaired as records come and go, and topped up from the tree only where it
 //   fell short: after an eviction of the cheapest, one step of the walk.
 // - Invariant: front_ is the first front_.size() records of the order. So a record is in it

@@ -495,7 +495,7 @@ std::optional<candidate_info> eviction_engine::describe_candidate(buffer_id id) 
 std::vector<buffer_id> eviction_engine::cheapest_to_drop(std::size_t k) const {
   impl& m = *impl_;
   engine_lock lock(m);
-  std::array<std::size_t, 16> indices{};
+  std::array<std::size_t, detail::candidate_set::max_cheapest> indices{};
   const std::size_t n = m.candidates.cheapest_per_byte(std::span(indices).first(std::min(k, indices.size())));
   std::vector<buffer_id> out;
   out.reserve(n);

@@ -9,11 +9,11 @@
 // (candidate_view::cheapest_per_byte) join every drawn sample: h is a cost per byte over a
 // horizon, and a uniform sample misses the few cheap candidates when most carry a large evicted
 // neighbourhood (Note [Eviction policies], "The cheapest per byte join every sample"; thrashing
-// runs 97x -> 1.5x on the simulated device). The sample is described in one candidate_view::describe
-// call (the engine's reads one record per candidate, with its cost and neighbourhood cost cached),
-// then dtr's choose() is one pass over it that keeps the best so far: no allocation once the
-// scratch has grown to the sample's size; dtr-frag's adds a second pass over the candidates it
-// kept (see Lookups below).
+// runs 97x -> 1.5x on the simulated device). The sample is described in one
+// candidate_view::describe call (the engine's reads one record per candidate, with its cost and
+// neighbourhood cost cached), then dtr's choose() is one pass over it that keeps the best so far:
+// no allocation once the scratch has grown to the sample's size; dtr-frag's adds a second pass over
+// the candidates it kept (see Lookups below).
 //
 // dtr-frag: why it frees a contiguous range quickly. A request that needs `bytes` contiguous on
 // one stream and pool is not served by freeing `shortfall` bytes anywhere: DTR's best victims are

@@ -236,6 +236,8 @@ class candidate_set {
   // A candidate's cost per byte changed (its neighbourhood did): it moves in the cost order.
   void reorder(buffer_entry& e, double cost_per_byte) noexcept { by_cost_.reorder(e, cost_per_byte); }
   // Up to out.size() (at most 16) candidates, the cheapest per byte first, as indices for at().
+  // At most cost_order's cached prefix: cheapest_per_byte hands out no more than this many.
+  static constexpr std::size_t max_cheapest = cost_order<buffer_entry>::k_front;
   std::size_t cheapest_per_byte(std::span<std::size_t> out) const noexcept { return by_cost_.cheapest(out); }
 
   std::size_t size() const noexcept { return all_.size(); }

@@ -89,9 +89,8 @@ class candidate_view {
   // neighbourhood's, over the size), cheapest first, as indices for at() and describe(); returns
   // how many. None that cannot be dropped: a spill costs about the same per byte for every buffer.
   // DTR's h is a cost per byte over the horizon, so a random sample finds the distant horizons and
-  // this the cheap bytes. The engine
-  // keeps the order (an intrusive tree with its first 16 cached: an array read); this default has
-  // none and returns 0.
+  // this the cheap bytes. The engine keeps the order (an intrusive tree with its first 16 cached:
+  // an array read); this default has none and returns 0.
   virtual std::size_t cheapest_per_byte(std::span<std::size_t> out) const;
   // The contiguous free range that evicting `id` would leave, counting free and pending-free
   // neighbours (device_allocator::coalesced_size_if_freed). Costs a lookup in the allocator.
