@@ -4,7 +4,9 @@
 // erases and key changes, with many equal keys and infinite ones: cheapest() always hands out the
 // first min(out.size(), 16) records of the order, cheapest first, however the cached prefix was
 // repaired or topped up, but none with an infinite key; a request for more than 16 gets 16; an
-// empty order gets none; a key change to the same value moves nothing.
+// empty order gets none; a key change to the same value moves nothing. And that placement waits
+// for the next read: records inserted or changed wait, each once however often its key changed,
+// an erased one stops waiting, and settle() or cheapest() places them all.
 #include <doctest/doctest.h>
 
 #include <array>
@@ -22,6 +24,8 @@ namespace {
 
 struct record {
   boost::intrusive::set_member_hook<boost::intrusive::link_mode<boost::intrusive::normal_link>> cost_hook;
+  boost::intrusive::list_member_hook<boost::intrusive::link_mode<boost::intrusive::normal_link>> wait_hook;
+  bool cost_waiting = false;
   double cost_per_byte = 0;
   struct {
     std::uint64_t value = 0;
@@ -113,4 +117,47 @@ TEST_CASE("cheapest hands out at most 16, cheapest first") {
   REQUIRE(got.size() == 16);
   for (std::size_t k = 0; k < got.size(); ++k) CHECK(got[k] == 39 - k);
   for (record& r : records) o.erase(r);
+}
+
+TEST_CASE("a changed record waits for the next read, once, and is placed where its last key puts it") {
+  std::vector<record> records(6);
+  order o;
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    records[i].id.value = i;
+    records[i].candidate_index = i;
+    o.insert(records[i], static_cast<double>(10 + i));
+  }
+  CHECK(o.waiting() == 6);  // inserted, not placed
+  o.settle();
+  CHECK(o.waiting() == 0);
+  CHECK(cheapest(o, 3) == std::vector<std::size_t>{0, 1, 2});
+
+  // Record 5 changes three times, record 4 twice: two wait, each once; the last keys count.
+  o.reorder(records[5], 1.0);
+  o.reorder(records[5], 20.0);
+  o.reorder(records[5], 0.5);
+  o.reorder(records[4], 0.25);
+  o.reorder(records[4], 11.5);
+  CHECK(o.waiting() == 2);
+  CHECK(records[5].cost_waiting);
+  CHECK_FALSE(records[0].cost_waiting);
+  o.reorder(records[4], 11.5);  // the same key: nothing
+  CHECK(o.waiting() == 2);
+
+  // A waiting record that goes is never handed out, and no longer waits.
+  o.erase(records[4]);
+  CHECK_FALSE(records[4].cost_waiting);
+  CHECK(o.waiting() == 1);
+  CHECK(cheapest(o, 16) == std::vector<std::size_t>{5, 0, 1, 2, 3});  // cheapest() places record 5
+  CHECK(o.waiting() == 0);
+
+  // The prefix, cached before the changes, follows: the cheapest changes to the dearest.
+  o.reorder(records[5], 99.0);
+  o.reorder(records[0], 0.1);
+  CHECK(cheapest(o, 2) == std::vector<std::size_t>{0, 1});
+  CHECK(cheapest(o, 16) == std::vector<std::size_t>{0, 1, 2, 3, 5});
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    if (i != 4) o.erase(records[i]);
+  }
+  CHECK(cheapest(o, 16).empty());
 }

@@ -108,6 +108,7 @@ struct eviction_engine::impl {
   void check_thrashing_locked(const detail::node_entry& n) const;  // before n runs again
 
   // --- engine_neighbourhood.cpp ----------------------------------------------------------------------
+  void settle_cost_order_locked() noexcept;  // places candidates whose cost changed (cost_order.hpp)
   void set_state_locked(detail::buffer_entry& e, buffer_state s) noexcept;  // keeps the classes
   void graph_insert_locked(detail::buffer_entry& e) noexcept;  // registered / lineage changed
   void graph_remove_locked(detail::buffer_entry& e) noexcept;  // forgotten / lineage changing

@@ -153,6 +153,17 @@ class upkeep_timer {
 };
 }  // namespace
 
+// The candidates whose neighbourhood changed since the last decision take their place in the cost
+// order (cost_order.hpp: a key changed many times between two decisions is placed once). The
+// placements are the upkeep's work, deferred: their time counts there, not as a step of its own.
+void eviction_engine::impl::settle_cost_order_locked() noexcept {
+  if (candidates.cost_order_waiting() == 0) return;
+  const auto start = std::chrono::steady_clock::now();
+  candidates.settle_cost_order();
+  stats.upkeep_time_ns +=
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+}
+
 void eviction_engine::impl::set_state_locked(buffer_entry& e, buffer_state s) noexcept {
   const bool was_dropped = e.state == buffer_state::dropped;
   e.state = s;

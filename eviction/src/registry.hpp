@@ -56,8 +56,10 @@ struct buffer_entry {
   bi::list_member_hook<bi::link_mode<bi::normal_link>> lru_hook;   // candidates, oldest first
   bi::set_member_hook<bi::link_mode<bi::normal_link>> size_hook;   // candidates by size
   bi::set_member_hook<bi::link_mode<bi::normal_link>> cost_hook;   // candidates by cost per byte
+  bi::list_member_hook<bi::link_mode<bi::normal_link>> wait_hook;  // ... or waiting for a place there
   std::size_t candidate_index = no_index;                           // in candidate_set::all
   double cost_per_byte = 0;  // a candidate: its key in the cost order (candidate_set::insert, reorder)
+  bool cost_waiting = false; // on the cost order's waiting list, not in its tree (cost_order.hpp)
 
   static constexpr std::size_t no_index = static_cast<std::size_t>(-1);
 
@@ -239,6 +241,10 @@ class candidate_set {
   // At most cost_order's cached prefix: cheapest_per_byte hands out no more than this many.
   static constexpr std::size_t max_cheapest = cost_order<buffer_entry>::k_front;
   std::size_t cheapest_per_byte(std::span<std::size_t> out) const noexcept { return by_cost_.cheapest(out); }
+  // Places the candidates whose cost changed since the last read in the cost order (cost_order.hpp:
+  // placement waits for the next read, so that a key changed many times is placed once).
+  void settle_cost_order() const noexcept { by_cost_.settle(); }
+  std::size_t cost_order_waiting() const noexcept { return by_cost_.waiting(); }
 
   std::size_t size() const noexcept { return all_.size(); }
   const candidate_record& at(std::size_t i) const noexcept { return all_[i]; }
