@@ -46,6 +46,18 @@ std::vector<std::size_t> expected(const reference& ref, std::size_t want) {
   return out;
 }
 
+// n records, record i with id i and candidate_index i, inserted with key(i).
+template <class Key>
+std::vector<record> insert_records(order& o, std::size_t n, Key key) {
+  std::vector<record> records(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    records[i].id.value = i;
+    records[i].candidate_index = i;
+    o.insert(records[i], key(i));
+  }
+  return records;
+}
+
 std::vector<std::size_t> cheapest(const order& o, std::size_t want) {
   std::vector<std::size_t> out(want, 0);
   out.resize(o.cheapest(out));
@@ -106,13 +118,10 @@ TEST_CASE("cheapest hands out the prefix of the order as records come, go and ch
 }
 
 TEST_CASE("cheapest hands out at most 16, cheapest first") {
-  std::vector<record> records(40);
   order o;
-  for (std::size_t i = 0; i < records.size(); ++i) {
-    records[i].id.value = i;
-    records[i].candidate_index = i;
-    o.insert(records[i], static_cast<double>(40 - i));  // the last inserted is the cheapest
-  }
+  // The last inserted is the cheapest.
+  std::vector<record> records =
+      insert_records(o, 40, [](std::size_t i) { return static_cast<double>(40 - i); });
   const std::vector<std::size_t> got = cheapest(o, 32);
   REQUIRE(got.size() == 16);
   for (std::size_t k = 0; k < got.size(); ++k) CHECK(got[k] == 39 - k);
@@ -120,13 +129,9 @@ TEST_CASE("cheapest hands out at most 16, cheapest first") {
 }
 
 TEST_CASE("a changed record waits for the next read, once, and is placed where its last key puts it") {
-  std::vector<record> records(6);
   order o;
-  for (std::size_t i = 0; i < records.size(); ++i) {
-    records[i].id.value = i;
-    records[i].candidate_index = i;
-    o.insert(records[i], static_cast<double>(10 + i));
-  }
+  std::vector<record> records =
+      insert_records(o, 6, [](std::size_t i) { return static_cast<double>(10 + i); });
   CHECK(o.waiting() == 6);  // inserted, not placed
   o.settle();
   CHECK(o.waiting() == 0);

@@ -2,20 +2,21 @@
 // so that the cheapest join every DTR sample (Note [Eviction policies], "Sampling").
 //
 // Contract
-// - Holds records (registry.hpp's Entry) through their cost_hook, keyed by their
-//   cost_per_byte (never NaN) and then by id: a strict order, one place per record.
+// - Holds records (registry.hpp's Entry) through their cost_hook, keyed by their cost_per_byte
+//   (never NaN) and then by id: a strict order, one place per record.
 // - insert and reorder only set the key and put the record on a list of records waiting for their
 //   place (O(1)); the next read (cheapest, settle) places them in the tree, O(log n) each. A
 //   record whose key changes many times between two reads is placed once: the upkeep of DTR's
 //   neighbourhood changes the key of every candidate next to a class whenever the class changes,
 //   several times per decision, and each placement is a descent of cold tree nodes (on
-//   ResNet-1202's replay it was most of the upkeep's time, measured; Note [Eviction policies],
+//   ResNet-1202's replay about a third of the upkeep's time, measured; Note [Eviction policies],
 //   "The cheapest per byte join every sample"). erase is O(1) amortised. None allocates.
 // - cheapest(out) writes the candidate_index of up to min(out.size(), k_front) records, the
 //   cheapest first, and none with an infinite key (a record the order keeps but that is not to
 //   join: see cost_per_byte_locked). It is served from a cached prefix of the order, so that a
 //   decision reads one short array instead of walking tree nodes that the rest of the step has
-//   pushed out of the cache (a walk of 16 cold nodes doubled a decision's time at 10,000 candidates, measured).
+//   pushed out of the cache (a walk of 16 cold nodes doubled a decision's time at 10,000
+//   candidates, measured).
 //   The prefix is repaired as records come and go, and topped up from the tree only where it
 //   fell short: after an eviction of the cheapest, one step of the walk.
 // - settle() places the waiting records without reading anything: the engine calls it before a
@@ -124,7 +125,8 @@ class cost_order {
     const auto at = std::upper_bound(front_.begin(), end, &e,
                                      [](const Entry* a, const Entry* b) { return by_key{}(*a, *b); });
     if (size_ == k_front) --size_;  // the last one falls out; top_up finds it again if needed
-    std::copy_backward(at, front_.begin() + static_cast<std::ptrdiff_t>(size_), front_.begin() + static_cast<std::ptrdiff_t>(size_ + 1));
+    const auto last = front_.begin() + static_cast<std::ptrdiff_t>(size_);
+    std::copy_backward(at, last, last + 1);
     *at = &e;
     ++size_;
   }
