@@ -12,7 +12,8 @@
 // - a block waiting on other streams (pending) is one the model freed with record_stream, and it
 //   leaves that state only after all kernels queued on those streams before the free completed;
 // - statistics equal what the snapshot and the model's own counts say, every peak only grows, and
-//   a reservation never takes reserved bytes over the budget;
+//   a reservation never takes reserved bytes over the budget; releasable_bytes() equals what the
+//   snapshot says a release would give back;
 // - out_of_memory is thrown only when no cached block fits and no new memory fits the budget or
 //   the device; set_budget reports what it did and refuses budgets below live memory.
 // Every allocation carries a pattern derived from its id, checked before it is freed (and all of
@@ -272,6 +273,25 @@ class model_run {
     if (!r.met()) check_no_releasable_memory("after a budget that was not met");
   }
 
+  // What a release would give back, from the snapshot: each fixed segment that is one free
+  // block, and the whole granules of each free block of an expandable one.
+  std::size_t releasable_in(const memory_snapshot& snap) const {
+    const std::size_t g = env_->backend->vmm_granularity();
+    std::size_t bytes = 0;
+    for (const segment_info& seg : snap.segments) {
+      if (!seg.is_expandable) {
+        if (seg.blocks.size() == 1 && !seg.blocks[0].active()) bytes += seg.total_size;
+        continue;
+      }
+      for (const block_info& b : seg.blocks) {
+        const std::size_t lo = sc::round_up(b.address, g);
+        const std::size_t hi = (b.address + b.size) / g * g;
+        if (!b.active() && hi > lo) bytes += hi - lo;
+      }
+    }
+    return bytes;
+  }
+
   // After a release (empty_cache, a trimmed budget), no fully free fixed segment is left, and no
   // free block of an expandable segment holds a whole granule.
   void check_no_releasable_memory(const char* when) {
@@ -385,6 +405,8 @@ class model_run {
     INFO("step " << step_ << " (seed " << rc_.seed << ")");
     check_snapshot_invariants(snap);
     check_stats_match_snapshot(st, snap);
+    // The allocator's running count of releasable bytes (block_pool.hpp) equals the snapshot's.
+    CHECK(alloc_->releasable_bytes() == releasable_in(snap));
 
     // Allocated blocks are exactly the model's live allocations; pending ones are model frees.
     std::size_t allocated_seen = 0;

@@ -10,8 +10,17 @@ bool counts_as_inactive_split(const block* b) noexcept {
 }
 }  // namespace
 
+std::size_t block_pool::releasable_of(const block* b) const noexcept {
+  if (!b->seg->expandable) return b->size == b->seg->size ? b->size : 0;
+  if (granularity_ == 0) return 0;
+  const std::uintptr_t lo = size_classes::round_up(b->address, granularity_);
+  const std::uintptr_t hi = (b->address + b->size) / granularity_ * granularity_;
+  return hi > lo ? hi - lo : 0;
+}
+
 void block_pool::insert(block* b) noexcept {
   tree_.insert(*b);
+  releasable_ += releasable_of(b);
   if (counts_as_inactive_split(b)) {
     for (stat_type t : {stat_type::aggregate, type()}) {
       stats_.inactive_split[static_cast<int>(t)].increase(1);
@@ -22,6 +31,7 @@ void block_pool::insert(block* b) noexcept {
 
 void block_pool::erase(block* b) noexcept {
   tree_.erase(tree_.iterator_to(*b));
+  releasable_ -= releasable_of(b);
   if (counts_as_inactive_split(b)) {
     for (stat_type t : {stat_type::aggregate, type()}) {
       stats_.inactive_split[static_cast<int>(t)].decrease(1);

@@ -2,7 +2,11 @@
 //
 // - block_pool: the free tree of the small or the large pool. insert/erase keep the
 //   inactive_split statistics in step with the tree: a free block that does not span its whole
-//   segment is an "inactive split" block (PyTorch's definition).
+//   segment is an "inactive split" block (PyTorch's definition). They also keep releasable(): what
+//   giving the free blocks back would return to the device (a block that is its whole fixed
+//   segment, the whole granules of a block of an expandable one), so that the pressure path knows
+//   it in O(1) instead of walking every segment (and every block of the expandable ones). Exact
+//   because a free block's address, size and segment change only while it is out of the tree.
 // - record_arena<T>: recycles block and segment records through a free list, so that splitting
 //   and coalescing never call malloc on the allocation path.
 // - live_blocks: the live table plus the bucket array it needs; grows by doubling (a rehash is
@@ -44,6 +48,14 @@ class block_pool {
   void insert(block* b) noexcept;
   void erase(block* b) noexcept;
 
+  // Expandable segments' granule (0: none); set before the first block enters the pool.
+  void set_granularity(std::size_t bytes) noexcept { granularity_ = bytes; }
+  // What releasing every free block of the pool would give back to the device now.
+  std::size_t releasable() const noexcept { return releasable_; }
+  // What releasing free block b alone would give back: its segment if b is all of it (fixed
+  // segments), or the whole granules inside it (expandable ones).
+  std::size_t releasable_of(const block* b) const noexcept;
+
   free_tree& tree() noexcept { return tree_; }
   const free_tree& tree() const noexcept { return tree_; }
 
@@ -59,6 +71,8 @@ class block_pool {
   memory_stats& stats_;
   free_tree tree_;
   std::size_t max_split_size_ = no_split_limit;
+  std::size_t granularity_ = 0;
+  std::size_t releasable_ = 0;  // releasable_of summed over the tree
 };
 
 template <class T>

@@ -82,6 +82,8 @@ device_allocator::impl::impl(std::shared_ptr<device_backend> b, allocator_config
   stats.budget = budget == unlimited_budget ? -1 : static_cast<std::int64_t>(budget);
   if (config.expandable_segments) {
     granularity = backend->vmm_granularity();
+    small_pool.set_granularity(granularity);
+    large_pool.set_granularity(granularity);
     if (granularity == 0) {
       warn("spillway: expandable_segments ignored on " + backend->name() +
            ": the backend has no virtual memory management");

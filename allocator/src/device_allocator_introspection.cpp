@@ -191,6 +191,11 @@ std::size_t device_allocator::releasable_if_freed(const void* ptr) const noexcep
          m.whole_granules(end, hi).second;
 }
 
+std::size_t device_allocator::releasable_bytes() const noexcept {
+  const std::lock_guard lock(impl_->mutex);
+  return impl_->releasable_bytes_locked();
+}
+
 std::size_t device_allocator::largest_free_block() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->largest_free_locked();

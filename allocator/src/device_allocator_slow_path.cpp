@@ -273,10 +273,11 @@ std::size_t device_allocator::impl::releasable_locked(const segment& s) const no
   return bytes;
 }
 
+// O(1): the pools keep the sum as free blocks come and go (block_pool.hpp). It was a walk over
+// every segment, and every block of the expandable ones, twice per allocation under the budget:
+// 42% of ResNet-1202's replay with expandable segments on the simulated device.
 std::size_t device_allocator::impl::releasable_bytes_locked() const noexcept {
-  std::size_t bytes = 0;
-  for (const segment& s : segments) bytes += releasable_locked(s);
-  return bytes;
+  return small_pool.releasable() + large_pool.releasable();
 }
 
 // Gives free cached memory back to the device: every free segment and the whole free granules of
@@ -309,9 +310,10 @@ std::size_t device_allocator::impl::release_cached_locked(std::size_t enough) {
     const auto alone = std::find_if(chosen.rbegin(), chosen.rend(),
                                     [&](const auto& c) { return c.first >= enough; });
     if (alone != chosen.rend()) std::rotate(chosen.begin(), std::prev(alone.base()), alone.base());
-  } else if (std::none_of(segments.begin(), segments.end(), [this](const segment& s) {
-               return releasable_locked(s) > 0 || (s.expandable && s.first == nullptr);  // empty range
-             })) {
+  } else if (releasable_bytes_locked() == 0 &&
+             (granularity == 0 || std::none_of(segments.begin(), segments.end(), [](const segment& s) {
+                return s.expandable && s.first == nullptr;  // an empty range (expandable: few segments)
+              }))) {
     return 0;  // synchronise only if something will be released
   }
   try {

@@ -100,6 +100,9 @@ class device_allocator {
   std::size_t budget() const noexcept;
 
   std::size_t empty_cache();  // releases every free segment and the free tails of expandable ones
+  // What a release would give back to the device now: every free segment, and the whole free
+  // granules of expandable segments; frees still waiting on events are not counted. O(1).
+  std::size_t releasable_bytes() const noexcept;
   memory_stats stats() const;
   void reset_peak_stats();
   void reset_accumulated_stats();
