@@ -1,5 +1,6 @@
 #!/bin/bash
-# Before (2392a89) against after (2565703), simulated device, from the repository root:
+# Before (2392a89) against after (2565703), simulated device, from the repository root (sweep.sh runs
+# the traces; compare.py compares two sweeps field by field):
 #   BASE=path/to/spillway-evict-sim-of-2392a89 NEW=build-evsim/bench/spillway-evict-sim \
 #     bench/results/sim-2026-11-26-deferred-cost-order/run.sh
 # (each built with: cmake -S SRC -B B -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WITH_TORCH=OFF &&
@@ -12,22 +13,9 @@
 set -e
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/deferred-cost-order}
-sweep() {  # bin dir
-  mkdir -p "$OUT/$2"
-  for t in synth:mlp synth:resnet synth:transformer bench/op_traces/torch-resnet50-cpu.optrace.gz \
-           bench/op_traces/torch-gpt2-cpu.optrace.gz bench/op_traces/torch-bert-cpu.optrace.gz \
-           bench/op_traces/torch-unet-cpu.optrace.gz bench/op_traces/torch-mlp-cpu.optrace.gz; do
-    n=$(basename "$t" | tr ':' '-')
-    for e in fixed expandable; do
-      f=""; [ $e = expandable ] && f=--expandable
-      for w in 0 1; do
-        "$1" --trace "$t" --budgets 0.9,0.7,0.6,0.5,0.45,0.4,0.35,0.3 --policies dtr,dtr-frag,lru \
-          --modes drop,hybrid --warmup-steps $w $f --json > "$OUT/$2/$n-$e-$w.json" 2>/dev/null
-      done
-    done
-  done
-}
-sweep "$BASE" base & sweep "$NEW" new; wait
+ratios=0.9,0.7,0.6,0.5,0.45,0.4,0.35,0.3
+"$HERE/sweep.sh" "$BASE" "$OUT/base" $ratios dtr,dtr-frag,lru & "$HERE/sweep.sh" "$NEW" "$OUT/new" $ratios dtr,dtr-frag,lru
+wait
 python3 "$HERE/compare.py" "$OUT/base" "$OUT/new" > "$HERE/compare.txt"
 for i in 1 2 3 4; do
   for b in "$BASE" "$NEW"; do

@@ -8,23 +8,10 @@
 set -e
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/releasable-count}
-sweep() {  # bin dir
-  mkdir -p "$OUT/$2"
-  for t in synth:mlp synth:resnet synth:transformer bench/op_traces/torch-resnet50-cpu.optrace.gz \
-           bench/op_traces/torch-gpt2-cpu.optrace.gz bench/op_traces/torch-bert-cpu.optrace.gz \
-           bench/op_traces/torch-unet-cpu.optrace.gz bench/op_traces/torch-mlp-cpu.optrace.gz; do
-    n=$(basename "$t" | tr ':' '-')
-    for e in fixed expandable; do
-      f=""; [ $e = expandable ] && f=--expandable
-      for w in 0 1; do
-        "$1" --trace "$t" --budgets 0.7,0.5,0.4,0.3 --policies dtr,dtr-frag --modes drop,hybrid \
-          --warmup-steps $w $f --json > "$OUT/$2/$n-$e-$w.json" 2>/dev/null
-      done
-    done
-  done
-}
-sweep "$BEFORE" before & sweep "$AFTER" after; wait
-python3 "$HERE/compare.py" "$OUT/before" "$OUT/after" > "$HERE/compare.txt"
+SWEEP=$HERE/../sim-2026-11-26-deferred-cost-order/sweep.sh
+"$SWEEP" "$BEFORE" "$OUT/before" 0.7,0.5,0.4,0.3 dtr,dtr-frag & "$SWEEP" "$AFTER" "$OUT/after" 0.7,0.5,0.4,0.3 dtr,dtr-frag
+wait
+python3 "$HERE/../sim-2026-11-26-deferred-cost-order/compare.py" "$OUT/before" "$OUT/after" > "$HERE/compare.txt"
 for i in 1 2 3 4; do
   for b in "$BEFORE" "$AFTER"; do
     for e in --expandable ""; do
