@@ -20,9 +20,11 @@
 #include <boost/intrusive/unordered_set.hpp>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "spillway/device_backend.hpp"
+#include "spillway/size_classes.hpp"
 
 namespace spillway::detail {
 
@@ -147,6 +149,14 @@ void for_each_mapped_run(const segment& seg, F f) {
     while (b != nullptr && b->status != block_status::unmapped) b = b->next;
     f(first, b);
   }
+}
+
+// The whole granules inside [from, to): (first address, bytes); bytes is 0 when there are none.
+inline std::pair<std::uintptr_t, std::size_t> whole_granules(std::uintptr_t from, std::uintptr_t to,
+                                                             std::size_t granularity) noexcept {
+  const std::uintptr_t lo = size_classes::round_up(from, granularity);
+  const std::uintptr_t hi = to / granularity * granularity;
+  return {lo, hi > lo ? hi - lo : 0};
 }
 
 inline bool segment::fully_free() const noexcept {

@@ -13,9 +13,7 @@ bool counts_as_inactive_split(const block* b) noexcept {
 std::size_t block_pool::releasable_of(const block* b) const noexcept {
   if (!b->seg->expandable) return b->size == b->seg->size ? b->size : 0;
   if (granularity_ == 0) return 0;
-  const std::uintptr_t lo = size_classes::round_up(b->address, granularity_);
-  const std::uintptr_t hi = (b->address + b->size) / granularity_ * granularity_;
-  return hi > lo ? hi - lo : 0;
+  return whole_granules(b->address, b->address + b->size, granularity_).second;
 }
 
 void block_pool::insert(block* b) noexcept {

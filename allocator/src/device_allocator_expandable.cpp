@@ -195,12 +195,9 @@ block* device_allocator::impl::map_hole_locked(block_pool& pool, stream_ref stre
 
 // --- release ----------------------------------------------------------------------------------------
 
-// The whole granules inside [from, to): (first address, bytes); bytes is 0 when there are none.
 std::pair<std::uintptr_t, std::size_t> device_allocator::impl::whole_granules(
     std::uintptr_t from, std::uintptr_t to) const noexcept {
-  const std::uintptr_t lo = size_classes::round_up(from, granularity);
-  const std::uintptr_t hi = to / granularity * granularity;
-  return {lo, hi > lo ? hi - lo : 0};
+  return detail::whole_granules(from, to, granularity);
 }
 
 std::pair<std::uintptr_t, std::size_t> device_allocator::impl::free_granules(

@@ -130,6 +130,7 @@ struct device_allocator::impl {
                                  std::size_t limit);
   std::size_t unmap_free_pages_locked(detail::segment* seg) noexcept;
   std::size_t unmap_block_locked(detail::block*& b) noexcept;
+  // detail::whole_granules (block.hpp) at this allocator's granularity.
   std::pair<std::uintptr_t, std::size_t> whole_granules(std::uintptr_t from,
                                                         std::uintptr_t to) const noexcept;
   // The whole granules inside a block (whole_granules of its range).
