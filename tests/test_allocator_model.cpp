@@ -13,7 +13,8 @@
 //   leaves that state only after all kernels queued on those streams before the free completed;
 // - statistics equal what the snapshot and the model's own counts say, every peak only grows, and
 //   a reservation never takes reserved bytes over the budget; releasable_bytes() equals what the
-//   snapshot says a release would give back;
+//   snapshot says a release would give back, and partly_free_segments() the segments it shows
+//   with live and free blocks and no pending ones;
 // - out_of_memory is thrown only when no cached block fits and no new memory fits the budget or
 //   the device; set_budget reports what it did and refuses budgets below live memory.
 // Every allocation carries a pattern derived from its id, checked before it is freed (and all of
@@ -26,6 +27,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "allocator_checks.hpp"
@@ -399,6 +401,37 @@ class model_run {
                            << ", device free " << env_->backend->free_memory());
   }
 
+  // (base, live blocks, allocated bytes) of the fixed segments with live and free blocks and no
+  // pending ones, by address: from the snapshot, and as partly_free_segments lists them.
+  using usage_key = std::tuple<std::uintptr_t, std::size_t, std::size_t>;
+  std::vector<usage_key> partly_free_in(const memory_snapshot& snap) const {
+    std::vector<usage_key> out;
+    for (const segment_info& seg : snap.segments) {
+      if (seg.is_expandable) continue;
+      std::size_t live = 0, bytes = 0;
+      bool any_free = false, pending = false;
+      for (const block_info& b : seg.blocks) {
+        if (b.allocated()) {
+          ++live;
+          bytes += b.size;
+        }
+        any_free |= b.state == block_state::inactive;
+        pending |= b.state == block_state::active_pending_free;
+      }
+      if (live > 0 && any_free && !pending) out.emplace_back(seg.address, live, bytes);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  std::vector<usage_key> partly_free_listed() const {
+    std::vector<usage_key> out;
+    for (const segment_usage& u : alloc_->partly_free_segments()) {
+      out.emplace_back(reinterpret_cast<std::uintptr_t>(u.base), u.live_blocks, u.allocated_bytes);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
   void check_step(std::int64_t reserved_before) {
     const memory_snapshot snap = alloc_->snapshot();
     const memory_stats st = alloc_->stats();
@@ -407,6 +440,8 @@ class model_run {
     check_stats_match_snapshot(st, snap);
     // The allocator's running count of releasable bytes (block_pool.hpp) equals the snapshot's.
     CHECK(alloc_->releasable_bytes() == releasable_in(snap));
+    // So do the per-segment counts behind partly_free_segments (Note [Compaction]).
+    CHECK(partly_free_in(snap) == partly_free_listed());
 
     // Allocated blocks are exactly the model's live allocations; pending ones are model frees.
     std::size_t allocated_seen = 0;

@@ -75,6 +75,12 @@ struct segment {
   block* tail = nullptr;            // highest-address block, kept in step by split/coalesce/grow;
                                     // never unmapped (an unmapped tail shrinks `size` instead)
   hole_tree holes;                  // expandable: its unmapped blocks
+  // Its allocated blocks, their bytes, and its pending_free blocks, kept where a block changes
+  // state (take_block_locked, deallocate, defer_free_locked, free_block_locked), so that
+  // partly_free_segments reads each segment once instead of walking its blocks (Note [Compaction]).
+  std::size_t live_blocks = 0;
+  std::size_t allocated_bytes = 0;
+  std::size_t pending_blocks = 0;
 
   block* last() const noexcept { return tail; }
   bool fully_free() const noexcept;

@@ -41,6 +41,17 @@ class block_pool {
     return &*it;
   }
 
+  // best_fit among the free blocks that share their segment with other blocks and are not in
+  // segment `outside`: compaction packs live blocks into holes, never into a segment that is
+  // free as a whole (that one is better given back) nor the one it is emptying. O(log n) plus
+  // the blocks skipped.
+  block* best_fit_in_use(stream_ref stream, std::size_t size, const segment* outside) noexcept {
+    auto it = tree_.lower_bound(fit_key{stream, size}, fit_key_order{});
+    while (it != tree_.end() && it->stream == stream && (it->seg == outside || !it->is_split())) ++it;
+    if (it == tree_.end() || it->stream != stream) return nullptr;
+    if (it->size >= max_split_size_ && !oversize_serves(it->size, size)) return nullptr;
+    return &*it;
+  }
   // Blocks of at least `bytes` are oversize (no_split_limit: none). The large pool's only.
   void set_max_split_size(std::size_t bytes) noexcept { max_split_size_ = bytes; }
   std::size_t max_split_size() const noexcept { return max_split_size_; }

@@ -128,6 +128,23 @@ void* device_allocator::allocate(std::size_t bytes, stream_ref stream) {
   return b->ptr();
 }
 
+// Note [Compaction]: the fast path's best fit and split, from cached blocks only.
+void* device_allocator::allocate_cached(std::size_t bytes, stream_ref stream, const void* outside) {
+  impl& m = *impl_;
+  if (bytes - 1 >= size_classes::max_request_size) [[unlikely]] throw_bad_size(bytes, m.device);
+  const std::size_t rounded = size_classes::round_size(bytes);
+  block_pool& pool = m.pool_for(rounded);
+
+  std::lock_guard lock(m.mutex);
+  const detail::segment* avoid =
+      outside != nullptr ? m.segment_containing_locked(reinterpret_cast<std::uintptr_t>(outside))
+                         : nullptr;
+  block* b = pool.best_fit_in_use(stream, rounded, avoid);
+  if (b == nullptr) return nullptr;
+  m.take_block_locked(pool, b, rounded, bytes);
+  return b->ptr();
+}
+
 void device_allocator::impl::take_block_locked(block_pool& pool, block* b, std::size_t rounded,
                                                std::size_t requested) {
   // Everything that can throw (record allocation, table growth) happens before any change.
@@ -149,6 +166,8 @@ void device_allocator::impl::take_block_locked(block_pool& pool, block* b, std::
   }
   b->status = block_status::allocated;
   b->requested_size = requested;
+  ++b->seg->live_blocks;
+  b->seg->allocated_bytes += b->size;
   live.insert(b);
   update_block_stats(stats, pool, +1, static_cast<std::int64_t>(b->size));
   update_active_stats(stats, pool, +1, static_cast<std::int64_t>(b->size),
@@ -167,6 +186,8 @@ free_status device_allocator::deallocate(void* ptr) noexcept {
     if (b != nullptr) [[likely]] {
       m.live.erase(b);
       ++m.num_frees;
+      --b->seg->live_blocks;
+      b->seg->allocated_bytes -= b->size;
       update_block_stats(m.stats, m.pool_of(b), -1, static_cast<std::int64_t>(b->size));
       if (b->stream_uses.empty()) [[likely]] {  // only its own stream used it: reusable at once
         m.free_block_locked(b);
@@ -184,6 +205,7 @@ free_status device_allocator::deallocate(void* ptr) noexcept {
 
 // Returns a block to its pool, coalescing it with free neighbours. See Note [Block tiling].
 void device_allocator::impl::free_block_locked(block* b) noexcept {
+  if (b->status == block_status::pending_free) --b->seg->pending_blocks;
   block_pool& pool = pool_of(b);
   update_active_stats(stats, pool, -1, static_cast<std::int64_t>(b->size),
                       static_cast<std::int64_t>(b->requested_size));
@@ -218,6 +240,7 @@ void device_allocator::impl::insert_free_locked(block* b) noexcept {
 // them have completed (reap_completed_events_locked). See Note [Cross-stream frees].
 void device_allocator::impl::defer_free_locked(block* b) noexcept {
   b->status = block_status::pending_free;
+  ++b->seg->pending_blocks;
   for (stream_ref s : b->stream_uses) {
     try {
       event_ref e;

@@ -191,6 +191,44 @@ std::size_t device_allocator::releasable_if_freed(const void* ptr) const noexcep
          m.whole_granules(end, hi).second;
 }
 
+// Note [Compaction]: what the eviction engine may empty by moving live blocks.
+std::vector<segment_usage> device_allocator::partly_free_segments() const {
+  const impl& m = *impl_;
+  std::vector<segment_usage> out;
+  std::lock_guard lock(m.mutex);
+  if (m.granularity != 0) return out;
+  for (const detail::segment& seg : m.segments) {
+    // Free bytes are what its live and pending blocks leave (a fixed segment has no holes).
+    if (seg.live_blocks == 0 || seg.pending_blocks != 0 || seg.allocated_bytes == seg.size) continue;
+    segment_usage u;
+    u.allocated_bytes = seg.allocated_bytes;
+    u.live_blocks = seg.live_blocks;
+    u.base = reinterpret_cast<void*>(seg.address);
+    u.size = seg.size;
+    u.small = seg.small;
+    u.stream = seg.stream;
+    out.push_back(u);
+  }
+  return out;
+}
+
+bool device_allocator::for_each_live_allocation(const void* segment_base,
+                                                const std::function<bool(void*)>& f) const {
+  const impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  const auto it = m.segments_by_address.find(reinterpret_cast<std::uintptr_t>(segment_base));
+  if (it == m.segments_by_address.end()) return false;
+  for (const block* b = it->second->first; b != nullptr; b = b->next) {
+    if (b->status == block_status::allocated && !f(b->ptr())) return false;
+  }
+  return true;
+}
+
+std::size_t device_allocator::cached_free_bytes() const noexcept {
+  const std::lock_guard lock(impl_->mutex);
+  return impl_->reserved_locked() - impl_->allocated_locked();
+}
+
 std::size_t device_allocator::releasable_bytes() const noexcept {
   const std::lock_guard lock(impl_->mutex);
   return impl_->releasable_bytes_locked();

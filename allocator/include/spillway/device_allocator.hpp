@@ -26,8 +26,10 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "spillway/allocator_config.hpp"
 #include "spillway/device_backend.hpp"
@@ -63,6 +65,17 @@ struct allocation_info {
   std::size_t segment_size = 0;
 };
 
+// A fixed segment that holds live and free blocks: what emptying it by moving its live blocks
+// elsewhere would cost (allocated_bytes copied) and give back (size). See Note [Compaction].
+struct segment_usage {
+  void* base = nullptr;
+  std::size_t size = 0;
+  std::size_t allocated_bytes = 0;  // in its live blocks
+  std::size_t live_blocks = 0;
+  bool small = false;               // serves the small pool
+  stream_ref stream;
+};
+
 class device_allocator {
  public:
   explicit device_allocator(std::shared_ptr<device_backend> backend, allocator_config config = {});
@@ -95,6 +108,26 @@ class device_allocator {
   // whole granules of its free neighbours (expandable segments: a block that shares its granules
   // with live blocks adds none). 0 if ptr is not live. For eviction under a budget.
   std::size_t releasable_if_freed(const void* ptr) const noexcept;
+
+  // Compaction, for a caller that owns live allocations and may move them (the eviction engine;
+  // Note [Compaction] in docs/eviction.md). Fixed segments only: with expandable segments free
+  // granules are unmapped instead, and partly_free_segments returns nothing.
+  // - partly_free_segments: every fixed segment with both live blocks and free ones, and no block
+  //   whose free waits on events (such a segment could not be given back at once).
+  // - for_each_live_allocation: calls f(ptr) for the live allocations of the segment based at
+  //   `segment_base`, in address order, until f returns false; returns false if f did or there
+  //   is no such segment. f runs under the device lock and must not call the allocator.
+  // - allocate_cached: an allocation served from a cached free block that shares its segment
+  //   with other blocks (a hole, not a wholly free segment), outside the segment holding
+  //   `outside` (nullptr: anywhere), by the fast path's best fit and rules; nullptr when none
+  //   fits. It never reserves memory, nor calls pressure handlers, so it may be called from
+  //   one. Throws invalid_argument for bytes the fast path rejects.
+  // - cached_free_bytes: reserved bytes not in live allocations (what compaction could give back
+  //   at most). O(1).
+  std::vector<segment_usage> partly_free_segments() const;
+  bool for_each_live_allocation(const void* segment_base, const std::function<bool(void*)>& f) const;
+  void* allocate_cached(std::size_t bytes, stream_ref stream, const void* outside);
+  std::size_t cached_free_bytes() const noexcept;
 
   budget_report set_budget(std::size_t bytes);
   std::size_t budget() const noexcept;
