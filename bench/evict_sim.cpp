@@ -46,7 +46,8 @@ void print_usage() {
   std::fputs(
       "usage: spillway-evict-sim [--trace FILE|synth:SPEC[,...]] [--budgets 1.0,0.8,0.6,0.5,0.4,0.3]\n"
       "                          [--policies dtr,lru,largest,dtr-frag] [--modes drop,hybrid,spill]\n"
-      "                          [--verify] [--expandable] [--max-split-mb 0] [--no-eager-drop] [--oom-layout] [--link-gbps 50] [--seed 1]\n"
+      "                          [--verify] [--expandable] [--max-split-mb 0] [--no-eager-drop] [--no-compact] [--oom-layout]\n"
+      "                          [--link-gbps 50] [--seed 1]\n"
       "                          [--max-recompute-factor 8]\n"
       "                          [--driver-us 0] [--sync-us 0] [--warmup-steps 0]\n"
       "                          [--rotor-slots 500] [--rotor-max-stages 400] [--json] [--plot FILE.svg]\n"
@@ -63,6 +64,7 @@ void print_usage() {
       "  --max-split-mb  PyTorch's max_split_size_mb: cached blocks of at least this many MiB are not\n"
       "                split nor used for much smaller requests (fixed segments; 0: no limit)\n"
       "  --no-eager-drop  keep released buffers that lineage still needs resident until evicted\n"
+      "  --no-compact   never move buffers to empty a segment before evicting (Note [Compaction])\n"
       "  --oom-layout  print the segments and their blocks to stderr when a run runs out of memory\n"
       "  --link-gbps   host<->device copy bandwidth each way (GB/s)\n"
       "  --max-recompute-factor  a pin that recomputes over this many times the lineage's whole cost\n"
@@ -293,6 +295,7 @@ int run(int argc, char** argv) {
   o.base.verify = args.flag("verify");
   o.base.expandable = args.flag("expandable");
   o.base.eager_drop = !args.flag("no-eager-drop");
+  o.base.compact = !args.flag("no-compact");
   if (const long long mib = args.get_int("max-split-mb", 0); mib != 0) {
     if (mib <= 20 || mib > (1ll << 28)) {
       throw spillway::invalid_argument("--max-split-mb " + std::to_string(mib) +
@@ -356,6 +359,7 @@ int run(int argc, char** argv) {
     bench::json_writer j(std::cout);
     j.begin_object().field("tool", "spillway-evict-sim").field("device", device_line(o));
     j.field("verify", o.base.verify).field("expandable", o.base.expandable).field("eager_drop", o.base.eager_drop);
+    j.field("compact", o.base.compact);
     j.field("max_split_mb", o.base.max_split_size == no_split_limit ? 0 : o.base.max_split_size >> 20);
     j.field("warmup_steps", static_cast<std::uint64_t>(o.base.warmup_steps));
     j.field("max_recompute_factor", o.base.max_recompute_factor);

@@ -212,6 +212,8 @@ void write_json(bench::json_writer& j, const std::vector<trace_report>& reports)
         j.field("peak_reserved", static_cast<std::uint64_t>(x.peak_reserved));
         j.field("bytes_spilled", x.engine.bytes_spilled).field("bytes_restored", x.engine.bytes_restored);
         j.field("bytes_recomputed", x.engine.bytes_recomputed);
+        j.field("moves", x.engine.moves).field("bytes_moved", x.engine.bytes_moved);
+        j.field("segments_emptied", x.engine.segments_emptied);
         j.field("evictions", x.pressure_evictions()).field("drops", x.pressure_drops()).field("spills", x.engine.spills);
         j.field("eager_drops", x.eager_drops).field("recomputes", x.engine.recomputes).field("restores", x.engine.restores);
         j.field("steps", x.engine.steps).field("next_use_mismatches", x.engine.next_use_mismatches);

@@ -275,6 +275,9 @@ class replayer {
     s.bytes_restored -= then.bytes_restored;
     s.bytes_recomputed -= then.bytes_recomputed;
     s.recompute_cost_ns -= then.recompute_cost_ns;
+    s.moves -= then.moves;
+    s.bytes_moved -= then.bytes_moved;
+    s.segments_emptied -= then.segments_emptied;
     s.host_allocation_failures -= then.host_allocation_failures;
     s.pressure_calls -= then.pressure_calls;
     s.decisions -= then.decisions;
@@ -334,6 +337,7 @@ class replayer {
     ec.allow_drop = c_.mode != engine_mode::spill_only;
     ec.max_recompute_depth = 1000000;
     ec.max_recompute_factor = c_.max_recompute_factor;
+    ec.compact = c_.compact;
     ec.clock = [s = sim_.get()] { return s->now_ns(); };
     engine_.emplace(*alloc_, ec);
   }

@@ -47,6 +47,7 @@ struct run_config {
   std::size_t max_split_size = no_split_limit;  // allocator_config::max_split_size
   bool verify = false;
   bool eager_drop = true;
+  bool compact = true;                     // engine_config::compact (Note [Compaction])
   bool oom_layout = false;                 // on out of memory, print the segments' layout to stderr
   std::uint64_t seed = 1;
   double max_recompute_factor = eviction::engine_config{}.max_recompute_factor;  // 0: no bound

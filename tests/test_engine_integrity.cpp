@@ -30,10 +30,19 @@ struct run_counts {
   std::uint64_t pins = 0, evicts = 0, ooms = 0, forgets = 0, nodes = 0, allocations = 0;
 };
 
+// The default: ~5 MiB of buffers under a 4 MiB budget, two small segments, one per stream.
+// Compaction (Note [Compaction]) needs another segment on the same stream to move into: a budget
+// of 8 MiB and 640 buffers give it two per stream, and `expect_moves` checks that it moved some.
+struct run_shape {
+  std::size_t budget = 4 * MiB;
+  std::size_t buffers = 320;
+  bool expect_moves = false;
+};
+
 class random_run {
  public:
-  random_run(std::uint64_t seed, const std::string& policy)
-      : env_(options(seed, policy)), g_(env_), rng_(seed) {
+  random_run(std::uint64_t seed, const std::string& policy, run_shape sh = {})
+      : env_(options(seed, policy, sh.budget)), g_(env_), rng_(seed), shape_(sh) {
     streams_ = {stream_ref{}, env_.stream(0)};
     for (int i = 0; i < 24; ++i) {
       buffer_options o;
@@ -42,7 +51,7 @@ class random_run {
       mode_of_[live_.back().value] = o.mode;
     }
     fixed_ = live_.front();
-    while (live_.size() < 320) add_node();
+    while (live_.size() < shape_.buffers) add_node();
     env_.sim->run_until_idle();
   }
 
@@ -54,9 +63,9 @@ class random_run {
   const run_counts& counts() const noexcept { return counts_; }
 
  private:
-  static engine_options options(std::uint64_t seed, const std::string& policy) {
+  static engine_options options(std::uint64_t seed, const std::string& policy, std::size_t budget) {
     engine_options o;
-    o.budget = 4 * MiB;  // two small segments, one per stream; ~5 MiB of buffers
+    o.budget = budget;
     o.streams = 1;
     o.engine.policy = policy;
     o.engine.seed = seed;
@@ -232,6 +241,7 @@ class random_run {
     CHECK(st.restores > 0);
     CHECK(st.recomputes > 0);
     CHECK(st.pressure_calls > 0);
+    if (shape_.expect_moves) CHECK(st.moves > 0);
     CHECK(counts_.ooms * 50 < counts_.pins + counts_.allocations);  // rare
     check_snapshot_invariants(env_.alloc->snapshot());
     for (buffer_id id : live_) env_.eng().forget(id);
@@ -243,7 +253,7 @@ class random_run {
     check_stats_match_snapshot(env_.alloc->stats(), snap);
     MESSAGE("pins " << counts_.pins << ", evicts " << counts_.evicts << ", spills " << st.spills
                     << ", drops " << st.drops << ", restores " << st.restores << ", recomputes "
-                    << st.recomputes << ", ooms " << counts_.ooms << ", checks "
+                    << st.recomputes << ", moves " << st.moves << ", ooms " << counts_.ooms << ", checks "
                     << env_.log.checks());
   }
 
@@ -256,6 +266,7 @@ class random_run {
   std::unordered_map<std::uint64_t, eviction_mode> mode_of_;
   std::vector<pinned_buffer> held_;
   std::unordered_map<std::uint64_t, int> pins_of_;
+  run_shape shape_;
   run_counts counts_;
 };
 
@@ -268,6 +279,17 @@ TEST_CASE("100,000 random engine operations leave every buffer bit-identical") {
     CAPTURE(seed);
     CAPTURE(policies[i]);
     random_run r(seed, policies[i]);
+    r.run(k_cycles_per_seed);
+  }
+}
+
+TEST_CASE("random engine operations with compaction: moved buffers stay bit-identical") {
+  const std::vector<std::string> policies = {"dtr-frag", "lru"};
+  for (std::size_t i = 0; i < policies.size(); ++i) {
+    const std::uint64_t seed = 0xC0A1E5CE + i;
+    CAPTURE(seed);
+    CAPTURE(policies[i]);
+    random_run r(seed, policies[i], {.budget = 8 * MiB, .buffers = 640, .expect_moves = true});
     r.run(k_cycles_per_seed);
   }
 }

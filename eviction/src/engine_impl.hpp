@@ -7,6 +7,7 @@
 //   engine_recompute.cpp  drop, recursive rematerialisation
 //   engine_neighbourhood.cpp  DTR's classes of dropped buffers and each buffer's neighbourhood cost
 //   engine_pressure.cpp   the allocator's pressure handler, victim choice, the candidate view
+//   engine_compaction.cpp emptying segments by moving buffers into other segments' holes
 #pragma once
 
 #include <algorithm>
@@ -129,6 +130,13 @@ struct eviction_engine::impl {
   // When e is next needed: the earlier of its own next read and its dependants' (no_event
   // without a prediction of its own).
   std::uint32_t needed_next_locked(const detail::buffer_entry& e) const noexcept;
+
+  // --- engine_compaction.cpp -----------------------------------------------------------------------
+  // Note [Compaction]: empties fixed segments by moving their buffers, before any eviction; returns
+  // the bytes of the segments it emptied and adds the bytes moved to result.freed.
+  std::size_t compact_for_locked(const eviction_request& request, pressure_result& result);
+  bool movable_locked(const segment_usage& s, std::vector<detail::buffer_entry*>& out) const;
+  bool move_locked(detail::buffer_entry& e, void* target);
 
   // --- engine_pressure.cpp -------------------------------------------------------------------------
   pressure_result on_pressure(const pressure_request& request);

@@ -177,9 +177,15 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
   ++stats.pressure_calls;
   reap_in_flight_locked();
   pressure_result result;
+  // Segments emptied, granules freed: the allocator gives them back. Moving buffers out of the
+  // segments cheapest to empty comes first, and may cover the shortfall alone.
+  std::size_t released = compact_for_locked(request, result);
+  if (request.shortfall > 0 && released >= request.shortfall) {
+    result.pinned = stats.pinned_bytes;
+    return result;
+  }
   std::vector<buffer_entry*> skipped;  // could not be evicted now; candidates again afterwards
   const std::size_t enough = std::max(request.bytes, request.shortfall);
-  std::size_t released = 0;  // segments emptied, granules freed: the allocator gives them back
   const engine_candidate_view view(*this, now());
 
   while (candidates.size() > 0) {

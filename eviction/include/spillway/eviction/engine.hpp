@@ -9,7 +9,8 @@
 //   the engine frees it (on eviction or forget) and may move it. The only way to its bytes is pin(),
 //   which makes it resident (restoring or recomputing it) and returns the pointer, valid in stream
 //   order on the buffer's stream (or the stream given to pin) while the pin lives.
-// - Pinned buffers are never evicted. Unpinned resident buffers may be evicted at any allocation,
+// - Pinned buffers are never evicted nor moved. Unpinned resident buffers may be evicted, or moved
+//   to another block of the allocator to empty a segment (Note [Compaction]), at any allocation,
 //   including one made to bring back another buffer: pin_all pins an operation's inputs together.
 // - Spill: the device block returns to the allocator only after its device-to-host copy completed,
 //   in stream order, with no device synchronisation; a restore waits on the spill's event.
@@ -62,6 +63,9 @@ struct engine_config {
   double max_recompute_factor = 8;
   bool allow_spill = true;
   bool allow_drop = true;
+  // Under a budget with fixed segments, empty segments by moving unpinned resident buffers into
+  // holes of other segments (a device-to-device copy) before evicting any (Note [Compaction]).
+  bool compact = true;
   // Time for staleness (DTR) in ns. Default: steady_clock. The simulator passes the sim clock.
   std::function<std::uint64_t()> clock;
   // With steps marked (begin_step): record each step's reads and predict every candidate's next
@@ -84,6 +88,10 @@ struct engine_stats {
   std::uint64_t bytes_restored = 0;
   std::uint64_t bytes_recomputed = 0;
   double recompute_cost_ns = 0;        // sum of the cost of node executions
+  // Compaction (Note [Compaction]): buffers moved to another block, their bytes, segments emptied.
+  std::uint64_t moves = 0;
+  std::uint64_t bytes_moved = 0;
+  std::uint64_t segments_emptied = 0;
   std::uint64_t host_allocation_failures = 0;
   std::uint64_t pressure_calls = 0;
   std::uint64_t decisions = 0;         // policy choose() calls

@@ -1,0 +1,122 @@
+// engine_compaction.cpp: emptying fixed segments by moving buffers into other segments' holes.
+//
+// Note [Compaction] (docs/eviction.md), in short: under a budget with fixed segments, an
+// allocation fails when no segment has a contiguous range for it and a new segment would pass the
+// budget, even though the segments hold enough free bytes between them. Evicting frees bytes at
+// the price of a recompute or a round trip over the link; moving a buffer costs one copy at the
+// device's memory bandwidth. So before choosing any victim, the pressure handler empties the
+// segments that cost least to empty: every live block of such a segment must be an unpinned,
+// resident, registered buffer, and each must find a hole in another segment that holds live
+// blocks too. The emptied segments are then given back by the allocator, and the request is
+// reserved in their place.
+//
+// Stream order: the copy runs on the buffer's stream, after the streams that used it; the old
+// block is freed behind it, so its reuse on that stream is ordered after the copy, and on another
+// stream it is not reused before those streams' events (Note [Cross-stream frees]).
+#include <algorithm>
+
+#include "engine_impl.hpp"
+
+namespace spillway::eviction {
+
+using detail::buffer_entry;
+
+std::size_t eviction_engine::impl::compact_for_locked(const eviction_request& request,
+                                                     pressure_result& result) {
+  // Only a shortfall that giving back segments can cover: with expandable segments free granules
+  // are unmapped instead, and the free bytes must at least cover what is missing.
+  if (!config.compact || !request.contiguous || request.shortfall == 0 || candidates.size() == 0) {
+    return 0;
+  }
+  if (allocator.cached_free_bytes() < request.shortfall) return 0;
+
+  std::vector<segment_usage> segments = allocator.partly_free_segments();
+  // The cheapest to empty first (least to copy); by address on ties, so runs repeat exactly.
+  std::sort(segments.begin(), segments.end(), [](const segment_usage& a, const segment_usage& b) {
+    if (a.allocated_bytes != b.allocated_bytes) return a.allocated_bytes < b.allocated_bytes;
+    return a.base < b.base;
+  });
+  std::size_t emptied = 0;
+  std::vector<buffer_entry*> movers;
+  std::vector<void*> targets;
+  for (const segment_usage& s : segments) {
+    if (emptied >= request.shortfall) break;
+    if (!movable_locked(s, movers)) continue;
+    // Every buffer needs a hole outside the segment before anything is copied: a segment emptied
+    // in part gives nothing back. Largest first, the ones hardest to place.
+    std::sort(movers.begin(), movers.end(), [](const buffer_entry* a, const buffer_entry* b) {
+      return a->size != b->size ? a->size > b->size : a->device_ptr < b->device_ptr;
+    });
+    targets.clear();
+    for (const buffer_entry* e : movers) {
+      void* t = allocator.allocate_cached(e->size, e->stream, s.base);
+      if (t == nullptr) break;
+      targets.push_back(t);
+    }
+    if (targets.size() < movers.size()) {
+      for (void* t : targets) allocator.deallocate(t);
+      continue;
+    }
+    std::size_t moved = 0;
+    for (std::size_t i = 0; i < movers.size(); ++i) {
+      if (move_locked(*movers[i], targets[i])) moved += movers[i]->size;
+    }
+    result.freed += moved;
+    if (moved == s.allocated_bytes) {
+      emptied += s.size;
+      ++stats.segments_emptied;
+    }
+  }
+  return emptied;
+}
+
+// Whether every live block of s is a buffer the engine may move now (a candidate: resident,
+// unpinned, evictable); they go to `out`.
+bool eviction_engine::impl::movable_locked(const segment_usage& s,
+                                           std::vector<buffer_entry*>& out) const {
+  out.clear();
+  // Stops at the first block that may not move (often the first: a parameter at the segment's
+  // start). Under the allocator's lock: reads only the engine's own records.
+  const bool all = allocator.for_each_live_allocation(s.base, [&](void* p) {
+    const auto it = by_pointer.find(p);
+    if (it == by_pointer.end()) return false;  // not the engine's: a parameter, an output...
+    buffer_entry& e = *it->second;
+    if (!candidates.contains(e) || e.ready.value != 0 || e.stream != s.stream) return false;
+    out.push_back(&e);
+    return true;
+  });
+  return all && !out.empty();
+}
+
+// Moves resident, unpinned e into `target` (a live block of e's size on e's stream, taken for it);
+// false, with e where it was and target given back, if the copy cannot be queued.
+bool eviction_engine::impl::move_locked(buffer_entry& e, void* target) {
+  try {
+    for (stream_ref s : e.use_streams) order_after_locked(e.stream, s);  // their work on e first
+    backend.copy_async(target, e.device_ptr, e.size, copy_kind::device_to_device, e.stream);
+    by_pointer.emplace(target, &e);
+  } catch (const std::exception&) {
+    // Nothing queued reads target after this: a copy that was queued is drained first.
+    try {
+      backend.synchronize_stream(e.stream);
+    } catch (...) {
+    }
+    allocator.deallocate(target);
+    return false;
+  }
+  candidates.erase(e);  // its record names the old block's segment
+  by_pointer.erase(e.device_ptr);
+  allocator.deallocate(e.device_ptr);  // reused in stream order behind the copy
+  e.device_ptr = target;
+  e.use_streams.clear();
+  note_block_locked(e);
+  try {
+    update_candidacy_locked(e);  // erased a moment ago: the candidate vector has room
+  } catch (...) {
+  }
+  ++stats.moves;
+  stats.bytes_moved += e.size;
+  return true;
+}
+
+}  // namespace spillway::eviction

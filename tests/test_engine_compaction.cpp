@@ -1,0 +1,214 @@
+// test_engine_compaction: Note [Compaction]. Under a budget with fixed segments, the engine first
+// empties the segments cheapest to empty by moving their buffers into other segments' holes, and
+// evicts only what that cannot cover.
+//
+// The layout every case starts from: a 40 MiB budget, two 20 MiB segments A and B, each filled
+// with five 4 MiB sources (no lineage: spill only). The test forgets some of them to punch holes:
+// A keeps A2 (offset 8), B keeps B1 and B3 (offsets 4 and 12). A 12 MiB request fits in no hole,
+// and a third segment would pass the budget by 20 MiB, though 28 MiB of the 40 are free.
+//
+// It proves: the request is served by moving A2 into a hole of B, nothing evicted, A given back;
+// the moved buffer is intact, behind work still queued on its stream when it moved and behind
+// another stream that used its old block; with compaction off the same request evicts; pinned
+// buffers and allocations the engine does not own are never moved (the other segment is emptied
+// instead); a segment whose buffers do not all find a hole elsewhere is not touched (all or none)
+// and eviction serves the request; the allocator's snapshot tiles and matches its statistics.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "engine_fixture.hpp"
+
+using namespace spillway;
+using namespace spillway::test;
+
+namespace {
+
+struct two_segments;
+
+struct layout_options {
+  bool compact = true;
+  int streams = 0;           // besides the default stream
+  bool allow_spill = true;   // the sources have no lineage: false leaves nothing to evict
+  std::function<void(two_segments&)> between;  // after A's holes are punched, before B's
+};
+
+struct two_segments {
+  engine_env env;
+  lineage_graph g{env};
+  std::vector<buffer_id> a, b;  // the five sources of each segment, in address order
+
+  explicit two_segments(const layout_options& o = {}) : env(options(o)) {
+    for (int i = 0; i < 5; ++i) a.push_back(g.source(4 * MiB));
+    for (int i = 0; i < 5; ++i) b.push_back(g.source(4 * MiB));
+    REQUIRE(env.alloc->stats().reserved_bytes[0].current == static_cast<std::int64_t>(40 * MiB));
+    REQUIRE(env.alloc->stats().segment[0].current == 2);
+    for (int i : {0, 1, 3, 4}) env.eng().forget(a[static_cast<std::size_t>(i)]);
+    if (o.between) o.between(*this);
+    for (int i : {0, 2, 4}) env.eng().forget(b[static_cast<std::size_t>(i)]);
+    // The fills are still queued on the stream: a move must copy behind them.
+  }
+  static engine_options options(const layout_options& l) {
+    engine_options o;
+    o.budget = 40 * MiB;
+    o.streams = l.streams;
+    o.engine.policy = "lru";
+    o.engine.compact = l.compact;
+    o.engine.allow_spill = l.allow_spill;
+    return o;
+  }
+  buffer_id a2() const { return a[2]; }
+  std::vector<buffer_id> kept() const { return {a[2], b[1], b[3]}; }
+  void* where(buffer_id id) { return env.eng().pin(id).get(); }
+  void check_allocator() const {
+    const memory_snapshot snap = env.alloc->snapshot();
+    check_snapshot_invariants(snap);
+    check_stats_match_snapshot(env.alloc->stats(), snap);
+  }
+  void expect_kept() {
+    for (buffer_id id : kept()) g.expect(id);
+    env.sim->run_until_idle();
+    env.check_clean();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("compaction: a request over budget is served by moving a buffer, nothing evicted") {
+  two_segments t;
+  void* const a2_before = t.where(t.a2());
+  const void* const b1 = t.where(t.b[1]);
+  const void* const b3 = t.where(t.b[3]);
+
+  void* p = t.env.alloc->allocate(12 * MiB);
+  const eviction::engine_stats s = t.env.eng().stats();
+  CHECK(s.evictions == 0);
+  CHECK(s.moves == 1);
+  CHECK(s.bytes_moved == 4 * MiB);
+  CHECK(s.segments_emptied == 1);
+  CHECK(t.env.alloc->stats().reserved_bytes[0].current == static_cast<std::int64_t>(40 * MiB));
+  for (buffer_id id : t.kept()) CHECK(t.env.eng().state(id) == buffer_state::resident);
+  // A2 moved into B; B's buffers stayed where they were.
+  void* const a2_after = t.where(t.a2());
+  CHECK(a2_after != a2_before);
+  CHECK(t.env.alloc->describe(a2_after).segment_base == t.env.alloc->describe(b1).segment_base);
+  CHECK(t.where(t.b[1]) == b1);
+  CHECK(t.where(t.b[3]) == b3);
+  t.env.sim->launch({}, 100, [p] { std::memset(p, 0x5A, 12 * MiB); });
+  t.check_allocator();
+  t.expect_kept();  // A2 was copied after its fill kernel ran, not before
+  t.env.alloc->deallocate(p);
+  t.check_allocator();
+}
+
+TEST_CASE("compaction off: the same request evicts") {
+  two_segments t({.compact = false});
+  void* p = t.env.alloc->allocate(12 * MiB);
+  const eviction::engine_stats s = t.env.eng().stats();
+  CHECK(s.evictions > 0);
+  CHECK(s.moves == 0);
+  CHECK(s.segments_emptied == 0);
+  t.env.alloc->deallocate(p);
+  t.expect_kept();
+}
+
+TEST_CASE("compaction never moves a pinned buffer: the other segment is emptied instead") {
+  two_segments t;
+  pinned_buffer hold = t.env.eng().pin(t.a2());
+  const void* const at = hold.get();
+  const void* const b1 = t.where(t.b[1]);
+
+  void* p = t.env.alloc->allocate(12 * MiB);
+  const eviction::engine_stats s = t.env.eng().stats();
+  CHECK(s.evictions == 0);
+  CHECK(s.moves == 2);  // B1 and B3, into A's two 8 MiB holes
+  CHECK(s.segments_emptied == 1);
+  CHECK(t.env.eng().pin(t.a2()).get() == at);
+  CHECK(t.env.alloc->describe(t.where(t.b[1])).segment_base == t.env.alloc->describe(at).segment_base);
+  CHECK(t.where(t.b[1]) != b1);
+  hold.reset();
+  t.env.alloc->deallocate(p);
+  t.expect_kept();
+  t.check_allocator();
+}
+
+TEST_CASE("compaction never moves an allocation the engine does not own") {
+  two_segments t;
+  // A foreign 8 MiB block in A's first hole: A cannot be emptied; B can, into A's last hole.
+  void* foreign = t.env.alloc->allocate(8 * MiB);
+  const void* const a2 = t.where(t.a2());
+  REQUIRE(t.env.alloc->describe(foreign).segment_base == t.env.alloc->describe(a2).segment_base);
+  void* p = t.env.alloc->allocate(12 * MiB);
+  const eviction::engine_stats s = t.env.eng().stats();
+  CHECK(s.evictions == 0);
+  CHECK(s.moves == 2);
+  CHECK(s.segments_emptied == 1);
+  CHECK(t.where(t.a2()) == a2);
+  CHECK(t.env.alloc->owns(foreign));
+  t.env.alloc->deallocate(p);
+  t.env.alloc->deallocate(foreign);
+  t.expect_kept();
+  t.check_allocator();
+}
+
+TEST_CASE("compaction moves all of a segment's buffers or none") {
+  // Foreign blocks fill A but for one 4 MiB hole (taken before B's holes are punched, so that
+  // they land in A): B1 would fit there, B3 nowhere outside B. Neither moves: the hole taken for
+  // B1 is given back. With spills off there is nothing to evict: out of memory, nothing changed.
+  std::vector<void*> foreign;
+  two_segments t({.allow_spill = false, .between = [&](two_segments& s) {
+                    foreign.push_back(s.env.alloc->allocate(8 * MiB));  // A at 0
+                    foreign.push_back(s.env.alloc->allocate(4 * MiB));  // A at 12: 16-20 free
+                  }});
+  const void* const b1 = t.where(t.b[1]);
+  const void* const b3 = t.where(t.b[3]);
+  const std::uintptr_t a_base = t.env.alloc->snapshot().segments.front().address;
+  CHECK_THROWS_AS((void)t.env.alloc->allocate(12 * MiB), out_of_memory);
+  const eviction::engine_stats s = t.env.eng().stats();
+  CHECK(s.moves == 0);
+  CHECK(s.segments_emptied == 0);
+  CHECK(s.evictions == 0);
+  CHECK(t.where(t.b[1]) == b1);
+  CHECK(t.where(t.b[3]) == b3);
+  // A's last 4 MiB, taken for B1 while its move was planned, are free again.
+  bool found = false;
+  for (const segment_info& seg : t.env.alloc->snapshot().segments) {
+    for (const block_info& blk : seg.blocks) {
+      if (blk.address != a_base + 16 * MiB) continue;
+      found = true;
+      CHECK(blk.state == block_state::inactive);
+    }
+  }
+  CHECK(found);
+  t.check_allocator();
+  for (void* f : foreign) t.env.alloc->deallocate(f);
+  t.expect_kept();
+  t.check_allocator();
+}
+
+TEST_CASE("compaction: the copy waits for another stream that used the buffer") {
+  two_segments t({.streams = 1});
+  const stream_ref other = t.env.stream(0);
+  const auto golden = t.g.at(t.a2()).golden;
+  {
+    // A2's own stream zeroes it; a long kernel on the other stream, ordered behind that, writes
+    // its bytes back. A copy that did not wait for the other stream would move the zeros.
+    pinned_buffer own = t.env.eng().pin(t.a2());
+    pinned_buffer use = t.env.eng().pin(t.a2(), other);
+    void* at = use.get();
+    t.env.sim->launch({}, 100, [at] { std::memset(at, 0, 4 * MiB); });
+    t.env.sim->launch(other, 1'000'000, [at, golden] { std::memcpy(at, golden->data(), 4 * MiB); });
+  }
+  void* const old_block = t.where(t.a2());
+  void* p = t.env.alloc->allocate(12 * MiB);
+  CHECK(t.env.eng().stats().moves == 1);
+  CHECK(t.env.eng().stats().evictions == 0);
+  CHECK(t.where(t.a2()) != old_block);
+  t.env.sim->launch({}, 100, [p] { std::memset(p, 0xA5, 12 * MiB); });
+  t.env.alloc->deallocate(p);
+  t.expect_kept();
+  CHECK(t.env.log.checks() == 3);
+  t.check_allocator();
+}
