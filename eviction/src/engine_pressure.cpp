@@ -6,8 +6,11 @@
 // round ends as soon as one range fits. Otherwise victims help through what their free gives back
 // to the device (releasable_if_freed): a whole segment they empty, with fixed segments, or the
 // whole granules they free, with expandable ones (those are unmapped and mapped again where the
-// request goes). So a round also ends once that covers the shortfall, or, failing both, once it
-// has freed max(request, shortfall) bytes; the allocator calls again if that was not enough.
+// request goes). So a round also ends once that covers the shortfall, or, failing both, once its
+// victims add up to max(request, shortfall) bytes; the allocator calls again if that was not
+// enough. Before any victim, compaction (engine_compaction.cpp) may empty segments by moving
+// buffers: those count towards the shortfall, and the blocks moved out towards result.freed
+// (they were freed), not towards the victims' bytes.
 // (Until 2026-11-22 only a victim that was its whole segment counted, as cached when it was
 // registered: with expandable segments a round freed up to the whole request, not its shortfall.)
 #include <algorithm>
@@ -186,6 +189,7 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
   }
   std::vector<buffer_entry*> skipped;  // could not be evicted now; candidates again afterwards
   const std::size_t enough = std::max(request.bytes, request.shortfall);
+  std::size_t evicted = 0;  // result.freed counts the blocks moved out too, which free nothing
   const engine_candidate_view view(*this, now());
 
   while (candidates.size() > 0) {
@@ -212,10 +216,11 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
       continue;
     }
     result.freed += victim->size;
+    evicted += victim->size;
     if (serves_request && contiguous >= request.bytes) break;
     released += releasable;
     if (request.shortfall > 0 && released >= request.shortfall) break;
-    if (result.freed >= enough) break;
+    if (evicted >= enough) break;
   }
   for (buffer_entry* e : skipped) update_candidacy_locked(*e);
   result.pinned = stats.pinned_bytes;
