@@ -7,7 +7,8 @@
 // A keeps A2 (offset 8), B keeps B1 and B3 (offsets 4 and 12). A 12 MiB request fits in no hole,
 // and a third segment would pass the budget by 20 MiB, though 28 MiB of the 40 are free.
 //
-// It proves: the request is served by moving A2 into a hole of B, nothing evicted, A given back;
+// It proves: the request is served by moving A2 into a hole of B, nothing evicted, A counted as
+// emptied (buffers registered a little smaller than their blocks);
 // the moved buffer is intact, behind work still queued on its stream when it moved and behind
 // another stream that used its old block; with compaction off the same request evicts; pinned
 // buffers and allocations the engine does not own are never moved (the other segment is emptied
@@ -26,6 +27,10 @@ using namespace spillway::test;
 
 namespace {
 
+// Each source fills a 4 MiB block (its size rounds up to 4 MiB, 512-byte granules), registered
+// 8 bytes short of it: the registered size is not the block's.
+constexpr std::size_t k_buffer = 4 * MiB - 8;
+
 struct two_segments;
 
 struct layout_options {
@@ -41,8 +46,8 @@ struct two_segments {
   std::vector<buffer_id> a, b;  // the five sources of each segment, in address order
 
   explicit two_segments(const layout_options& o = {}) : env(options(o)) {
-    for (int i = 0; i < 5; ++i) a.push_back(g.source(4 * MiB));
-    for (int i = 0; i < 5; ++i) b.push_back(g.source(4 * MiB));
+    for (int i = 0; i < 5; ++i) a.push_back(g.source(k_buffer));
+    for (int i = 0; i < 5; ++i) b.push_back(g.source(k_buffer));
     REQUIRE(env.alloc->stats().reserved_bytes[0].current == static_cast<std::int64_t>(40 * MiB));
     REQUIRE(env.alloc->stats().segment[0].current == 2);
     for (int i : {0, 1, 3, 4}) env.eng().forget(a[static_cast<std::size_t>(i)]);
@@ -86,7 +91,7 @@ TEST_CASE("compaction: a request over budget is served by moving a buffer, nothi
   const eviction::engine_stats s = t.env.eng().stats();
   CHECK(s.evictions == 0);
   CHECK(s.moves == 1);
-  CHECK(s.bytes_moved == 4 * MiB);
+  CHECK(s.bytes_moved == k_buffer);
   CHECK(s.segments_emptied == 1);
   CHECK(t.env.alloc->stats().reserved_bytes[0].current == static_cast<std::int64_t>(40 * MiB));
   for (buffer_id id : t.kept()) CHECK(t.env.eng().state(id) == buffer_state::resident);
@@ -198,8 +203,8 @@ TEST_CASE("compaction: the copy waits for another stream that used the buffer") 
     pinned_buffer own = t.env.eng().pin(t.a2());
     pinned_buffer use = t.env.eng().pin(t.a2(), other);
     void* at = use.get();
-    t.env.sim->launch({}, 100, [at] { std::memset(at, 0, 4 * MiB); });
-    t.env.sim->launch(other, 1'000'000, [at, golden] { std::memcpy(at, golden->data(), 4 * MiB); });
+    t.env.sim->launch({}, 100, [at] { std::memset(at, 0, k_buffer); });
+    t.env.sim->launch(other, 1'000'000, [at, golden] { std::memcpy(at, golden->data(), k_buffer); });
   }
   void* const old_block = t.where(t.a2());
   void* p = t.env.alloc->allocate(12 * MiB);
@@ -210,5 +215,85 @@ TEST_CASE("compaction: the copy waits for another stream that used the buffer") 
   t.env.alloc->deallocate(p);
   t.expect_kept();
   CHECK(t.env.log.checks() == 3);
+  t.check_allocator();
+}
+
+TEST_CASE("compaction: a move keeps the buffer's place in the LRU order") {
+  // After A2 moves into B (B: A2, B1, hole, B3, hole), a second 12 MiB request must evict (B's
+  // three buffers find holes for two only): LRU takes the oldest first, A2 (registered before
+  // B's), then B1 (B3 may then move into A, emptying B). Had the move counted as a use, B1 and
+  // B3 would have been evicted and A2 kept.
+  two_segments t;
+  void* p = t.env.alloc->allocate(12 * MiB);
+  REQUIRE(t.env.eng().stats().moves == 1);
+  REQUIRE(t.env.eng().stats().evictions == 0);
+  void* q = t.env.alloc->allocate(12 * MiB);
+  CHECK(t.env.eng().state(t.a2()) != buffer_state::resident);
+  CHECK(t.env.eng().state(t.b[1]) != buffer_state::resident);
+  CHECK(t.env.eng().state(t.b[3]) == buffer_state::resident);
+  t.env.alloc->deallocate(q);
+  t.env.alloc->deallocate(p);
+  t.expect_kept();
+  t.check_allocator();
+}
+
+TEST_CASE("compaction never moves a buffer into a segment it has just emptied") {
+  // Three segments under 60 MiB: A keeps A2, used on another stream (its old block's free waits
+  // on that stream after the move); B keeps B1 and B3; C keeps four. A 30 MiB request is 30 MiB
+  // over the budget: emptying A (into a hole of B) is not enough, and B's buffers must not go
+  // into A's free space, which A's pending free keeps from being one block: A would not be
+  // empty any more. With no other hole for them, eviction serves the rest.
+  engine_options o;
+  o.budget = 60 * MiB;
+  o.streams = 1;
+  o.engine.policy = "lru";
+  engine_env env(o);
+  lineage_graph g(env);
+  std::vector<buffer_id> a, b, c;
+  for (auto* seg : {&a, &b, &c}) {
+    for (int i = 0; i < 5; ++i) seg->push_back(g.source(k_buffer));
+  }
+  REQUIRE(env.alloc->stats().segment[0].current == 3);
+  for (int i : {0, 1, 3, 4}) env.eng().forget(a[static_cast<std::size_t>(i)]);
+  for (int i : {0, 2, 4}) env.eng().forget(b[static_cast<std::size_t>(i)]);
+  env.eng().forget(c[4]);
+  const stream_ref other = env.stream(0);
+  {
+    pinned_buffer use = env.eng().pin(a[2], other);
+    g.check_kernel(a[2], use.get(), other, "A2 on the other stream", 1'000'000);
+  }
+  const auto base_of = [&](buffer_id id) { return env.alloc->describe(env.eng().pin(id).get()).segment_base; };
+  void* const seg_a = base_of(a[2]);
+
+  void* p = env.alloc->allocate(30 * MiB);
+  const eviction::engine_stats s = env.eng().stats();
+  CHECK(s.moves >= 1);
+  CHECK(s.segments_emptied == 1);  // A only
+  for (buffer_id id : {a[2], b[1], b[3], c[0], c[1], c[2], c[3]}) {
+    if (env.eng().state(id) == buffer_state::resident) CHECK(base_of(id) != seg_a);
+  }
+  env.alloc->deallocate(p);
+  for (buffer_id id : {a[2], b[1], b[3], c[0], c[1], c[2], c[3]}) g.expect(id);
+  env.sim->run_until_idle();
+  env.check_clean();
+  const memory_snapshot snap = env.alloc->snapshot();
+  check_snapshot_invariants(snap);
+  check_stats_match_snapshot(env.alloc->stats(), snap);
+}
+
+TEST_CASE("compaction: a copy that cannot be queued stops it; the buffer stays, eviction serves") {
+  two_segments t;
+  const void* const a2 = t.where(t.a2());
+  t.env.sim->fail_nth(fault_site::copy, 1);  // the move's device-to-device copy
+  void* p = t.env.alloc->allocate(12 * MiB);
+  t.env.sim->clear_faults();
+  const eviction::engine_stats s = t.env.eng().stats();
+  CHECK(s.moves == 0);
+  CHECK(s.segments_emptied == 0);
+  CHECK(s.evictions > 0);
+  if (t.env.eng().state(t.a2()) == buffer_state::resident) CHECK(t.where(t.a2()) == a2);
+  t.check_allocator();
+  t.env.alloc->deallocate(p);
+  t.expect_kept();
   t.check_allocator();
 }

@@ -241,7 +241,10 @@ class random_run {
     CHECK(st.restores > 0);
     CHECK(st.recomputes > 0);
     CHECK(st.pressure_calls > 0);
-    if (shape_.expect_moves) CHECK(st.moves > 0);
+    if (shape_.expect_moves) {
+      CHECK(st.moves > 0);
+      CHECK(st.segments_emptied > 0);
+    }
     CHECK(counts_.ooms * 50 < counts_.pins + counts_.allocations);  // rare
     check_snapshot_invariants(env_.alloc->snapshot());
     for (buffer_id id : live_) env_.eng().forget(id);
@@ -253,7 +256,8 @@ class random_run {
     check_stats_match_snapshot(env_.alloc->stats(), snap);
     MESSAGE("pins " << counts_.pins << ", evicts " << counts_.evicts << ", spills " << st.spills
                     << ", drops " << st.drops << ", restores " << st.restores << ", recomputes "
-                    << st.recomputes << ", moves " << st.moves << ", ooms " << counts_.ooms << ", checks "
+                    << st.recomputes << ", moves " << st.moves << ", segments emptied "
+                    << st.segments_emptied << ", ooms " << counts_.ooms << ", checks "
                     << env_.log.checks());
   }
 

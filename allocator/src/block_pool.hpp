@@ -41,13 +41,13 @@ class block_pool {
     return &*it;
   }
 
-  // best_fit among the free blocks that share their segment with other blocks and are not in
-  // segment `outside`: compaction packs live blocks into holes, never into a segment that is
-  // free as a whole (that one is better given back) nor the one it is emptying. O(log n) plus
-  // the blocks skipped.
+  // best_fit among the free blocks of segments that hold live blocks, outside segment
+  // `outside`: compaction packs live blocks into holes of segments in use, never into one that
+  // has none (free as a whole, or only frees pending on events: one it may just have emptied,
+  // better given back) nor the one it is emptying. O(log n) plus the blocks skipped.
   block* best_fit_in_use(stream_ref stream, std::size_t size, const segment* outside) noexcept {
     auto it = tree_.lower_bound(fit_key{stream, size}, fit_key_order{});
-    while (it != tree_.end() && it->stream == stream && (it->seg == outside || !it->is_split())) ++it;
+    while (it != tree_.end() && it->stream == stream && (it->seg == outside || it->seg->live_blocks == 0)) ++it;
     if (it == tree_.end() || it->stream != stream) return nullptr;
     if (it->size >= max_split_size_ && !oversize_serves(it->size, size)) return nullptr;
     return &*it;

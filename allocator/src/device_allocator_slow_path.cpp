@@ -67,7 +67,10 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
   // before a range fits, and the request fails only once nothing more can be evicted. A round
   // that claims bytes but frees no allocation ends them (a handler that cannot make progress).
   // Progress is counted in frees, not live bytes: another thread may have taken what a round
-  // freed while the lock was released, and the next round must still run.
+  // freed while the lock was released, and the next round must still run. A round whose frees
+  // are moves (the engine's compaction frees a block for each buffer it moves, and allocates
+  // another) frees no bytes, but empties a segment, released below: reserved bytes go down at
+  // every such round, so the rounds still end.
   std::size_t pinned = 0;
   while (!handlers.empty()) {
     const std::uint64_t frees_before = num_frees;

@@ -30,42 +30,54 @@ std::size_t eviction_engine::impl::compact_for_locked(const eviction_request& re
   }
   if (allocator.cached_free_bytes() < request.shortfall) return 0;
 
-  std::vector<segment_usage> segments = allocator.partly_free_segments();
-  // The cheapest to empty first (least to copy); by address on ties, so runs repeat exactly.
-  std::sort(segments.begin(), segments.end(), [](const segment_usage& a, const segment_usage& b) {
-    if (a.allocated_bytes != b.allocated_bytes) return a.allocated_bytes < b.allocated_bytes;
-    return a.base < b.base;
-  });
   std::size_t emptied = 0;
-  std::vector<buffer_entry*> movers;
-  std::vector<void*> targets;
-  for (const segment_usage& s : segments) {
-    if (emptied >= request.shortfall) break;
-    if (!movable_locked(s, movers)) continue;
-    // Every buffer needs a hole outside the segment before anything is copied: a segment emptied
-    // in part gives nothing back. Largest first, the ones hardest to place.
-    std::sort(movers.begin(), movers.end(), [](const buffer_entry* a, const buffer_entry* b) {
-      return a->size != b->size ? a->size > b->size : a->device_ptr < b->device_ptr;
+  std::vector<void*> targets;  // taken for the segment being emptied, not yet handed to a buffer
+  try {
+    std::vector<segment_usage> segments = allocator.partly_free_segments();
+    // The cheapest to empty first (least to copy); by address on ties, so runs repeat exactly.
+    std::sort(segments.begin(), segments.end(), [](const segment_usage& a, const segment_usage& b) {
+      if (a.allocated_bytes != b.allocated_bytes) return a.allocated_bytes < b.allocated_bytes;
+      return a.base < b.base;
     });
-    targets.clear();
-    for (const buffer_entry* e : movers) {
-      void* t = allocator.allocate_cached(e->size, e->stream, s.base);
-      if (t == nullptr) break;
-      targets.push_back(t);
-    }
-    if (targets.size() < movers.size()) {
-      for (void* t : targets) allocator.deallocate(t);
-      continue;
-    }
-    std::size_t moved = 0;
-    for (std::size_t i = 0; i < movers.size(); ++i) {
-      if (move_locked(*movers[i], targets[i])) moved += movers[i]->size;
-    }
-    result.freed += moved;
-    if (moved == s.allocated_bytes) {
-      emptied += s.size;
+    std::vector<buffer_entry*> movers;
+    for (const segment_usage& s : segments) {
+      if (emptied >= request.shortfall) break;
+      if (!movable_locked(s, movers)) continue;
+      // Every buffer needs a hole outside the segment before anything is copied: a segment
+      // emptied in part gives nothing back. Largest first, the ones hardest to place.
+      std::sort(movers.begin(), movers.end(), [](const buffer_entry* a, const buffer_entry* b) {
+        return a->size != b->size ? a->size > b->size : a->device_ptr < b->device_ptr;
+      });
+      targets.reserve(movers.size());
+      for (const buffer_entry* e : movers) {
+        void* t = allocator.allocate_cached(e->size, e->stream, s.base);
+        if (t == nullptr) break;
+        targets.push_back(t);
+      }
+      if (targets.size() < movers.size()) {
+        for (void* t : targets) allocator.deallocate(t);
+        targets.clear();
+        continue;
+      }
+      // In order; a move that cannot be queued (a copy fault) leaves the segment in use: the
+      // holes taken for the rest are given back, and the moves already made stay (harmless).
+      std::size_t moved = 0;
+      for (; moved < movers.size(); ++moved) {
+        void* t = targets[moved];
+        targets[moved] = nullptr;
+        if (!move_locked(*movers[moved], t)) break;
+        result.freed += movers[moved]->size;
+      }
+      for (void* t : targets) allocator.deallocate(t);  // nullptr: handed over, nothing to do
+      targets.clear();
+      if (moved < movers.size()) break;
+      emptied += s.size;  // every live block of it moved: it is free as a whole
       ++stats.segments_emptied;
     }
+  } catch (const std::exception&) {
+    // Out of host memory for the lists or a block record: what is done stays done, the holes
+    // taken for the segment under way go back, and eviction goes on from here.
+    for (void* t : targets) allocator.deallocate(t);
   }
   return emptied;
 }
@@ -104,16 +116,14 @@ bool eviction_engine::impl::move_locked(buffer_entry& e, void* target) {
     allocator.deallocate(target);
     return false;
   }
-  candidates.erase(e);  // its record names the old block's segment
   by_pointer.erase(e.device_ptr);
   allocator.deallocate(e.device_ptr);  // reused in stream order behind the copy
   e.device_ptr = target;
   e.use_streams.clear();
   note_block_locked(e);
-  try {
-    update_candidacy_locked(e);  // erased a moment ago: the candidate vector has room
-  } catch (...) {
-  }
+  // Its record names the old block's segment. Updated in place: a move is not a use, so the
+  // buffer keeps its place in the LRU order and in the cost order (its costs did not change).
+  candidates.record(e) = make_record_locked(e);
   ++stats.moves;
   stats.bytes_moved += e.size;
   return true;

@@ -117,11 +117,12 @@ class device_allocator {
   // - for_each_live_allocation: calls f(ptr) for the live allocations of the segment based at
   //   `segment_base`, in address order, until f returns false; returns false if f did or there
   //   is no such segment. f runs under the device lock and must not call the allocator.
-  // - allocate_cached: an allocation served from a cached free block that shares its segment
-  //   with other blocks (a hole, not a wholly free segment), outside the segment holding
-  //   `outside` (nullptr: anywhere), by the fast path's best fit and rules; nullptr when none
-  //   fits. It never reserves memory, nor calls pressure handlers, so it may be called from
-  //   one. Throws invalid_argument for bytes the fast path rejects.
+  // - allocate_cached: an allocation served from a cached free block of a segment that holds
+  //   live blocks (a hole: never a segment with none, such as one compaction just emptied),
+  //   outside the segment holding `outside` (nullptr: anywhere), by the fast path's best fit and
+  //   rules; nullptr when none fits. It never reserves memory, nor calls pressure handlers, so
+  //   it may be called from one. Throws invalid_argument for bytes the fast path rejects, and
+  //   std::bad_alloc when the host has no memory for a block record.
   // - cached_free_bytes: reserved bytes not in live allocations (what compaction could give back
   //   at most). O(1).
   std::vector<segment_usage> partly_free_segments() const;

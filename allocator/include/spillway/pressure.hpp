@@ -43,7 +43,8 @@ struct pressure_request {
 };
 
 struct pressure_result {
-  std::size_t freed = 0;      // bytes the handler deallocated (or scheduled for deallocation)
+  std::size_t freed = 0;      // bytes the handler deallocated (or scheduled for deallocation),
+                              // blocks it moved elsewhere included (Note [Compaction])
   std::size_t pinned = 0;     // bytes it holds that could not be evicted right now
 };
 
