@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -120,6 +121,8 @@ struct engine_options {
   int streams = 1;  // created besides the default stream (streams[0] is the first created)
   bool expandable_segments = false;
   eviction::engine_config engine{};  // an empty clock is replaced by the sim's
+  // What the allocator sees of the sim (default: the sim itself), e.g. a decorator of it.
+  std::function<std::shared_ptr<device_backend>(std::shared_ptr<sim_device>)> backend;
 };
 
 struct engine_env {
@@ -143,7 +146,7 @@ struct engine_env {
     ac.budget = o.budget;
     ac.expandable_segments = o.expandable_segments;
     ac.on_warning = warnings.sink();
-    alloc = std::make_unique<device_allocator>(sim, ac);
+    alloc = std::make_unique<device_allocator>(o.backend ? o.backend(sim) : sim, ac);
     if (!o.engine.clock) o.engine.clock = [s = sim.get()] { return s->now_ns(); };
     engine = std::make_unique<eviction_engine>(*alloc, std::move(o.engine));
   }
@@ -287,11 +290,14 @@ class lineage_graph {
   // A node over `inputs` with outputs of `output_bytes`, on stream `s`. The test computes it once
   // (inputs pinned for `s`, outputs allocated on `s`), then records the node and registers the
   // outputs with it as producer, as a framework records an op that succeeded; `options[k]` (if
-  // given) are the other options of output k. Returns the outputs. On out_of_memory (pinning an
-  // input, allocating an output) nothing is left behind.
+  // given) are the other options of output k; output k lives on `output_streams[k]` (if given;
+  // else on `s`), which waits for `s` after the first computation. Returns the outputs. On
+  // out_of_memory (pinning an input, allocating an output) nothing is left behind.
   std::vector<buffer_id> node(const std::vector<buffer_id>& inputs,
                               const std::vector<std::size_t>& output_bytes, stream_ref s = {},
-                              double cost_ns = 1000, std::vector<buffer_options> options = {}) {
+                              double cost_ns = 1000, std::vector<buffer_options> options = {},
+                              std::vector<stream_ref> output_streams = {}) {
+    output_streams.resize(output_bytes.size(), s);
     const std::size_t index = nodes_.size();
     const std::uint64_t seed = 0xC0DE0000 + index;
     node_record nr;
@@ -330,12 +336,22 @@ class lineage_graph {
       in_ptrs.push_back(pins.back().get());
     }
     try {
-      for (std::size_t b : output_bytes) out_ptrs.push_back(env_.alloc->allocate(b, s));
+      for (std::size_t k = 0; k < output_bytes.size(); ++k) {
+        out_ptrs.push_back(env_.alloc->allocate(output_bytes[k], output_streams[k]));
+      }
     } catch (...) {
       for (void* p : out_ptrs) env_.alloc->deallocate(p);
       throw;
     }
     desc.compute(in_ptrs, out_ptrs, s);
+    for (std::size_t k = 0; k < output_bytes.size(); ++k) {
+      if (output_streams[k] == s) continue;
+      env_.alloc->record_stream(out_ptrs[k], s);  // written on s
+      const event_ref written = env_.sim->create_event();
+      env_.sim->record_event(written, s);
+      env_.sim->stream_wait_event(output_streams[k], written);
+      env_.sim->destroy_event(written);
+    }
     nr.id = env_.engine->add_node(std::move(desc));
     std::vector<buffer_id> ids;
     for (std::size_t k = 0; k < output_bytes.size(); ++k) {
@@ -343,9 +359,9 @@ class lineage_graph {
       o.producer = nr.id;
       o.output_index = static_cast<std::uint32_t>(k);
       buffer_record r;
-      r.id = env_.engine->register_buffer(out_ptrs[k], output_bytes[k], s, o);
+      r.id = env_.engine->register_buffer(out_ptrs[k], output_bytes[k], output_streams[k], o);
       r.bytes = output_bytes[k];
-      r.stream = s;
+      r.stream = output_streams[k];
       r.sum = checksum(golden[k]->data(), output_bytes[k]);
       r.golden = golden[k];
       r.node = static_cast<int>(index);
@@ -386,6 +402,19 @@ class lineage_graph {
     env_.sim->synchronize_stream(at(id).stream);
     CHECK_MESSAGE(checksum(p.get(), at(id).bytes) == at(id).sum, "buffer " << id.value);
     return p;
+  }
+
+  // Forgets `id` in the engine and here: it is no longer checked. The nodes' index lists lose it
+  // (-1 where it was).
+  void forget(buffer_id id) {
+    const int i = index_of(id);
+    env_.engine->forget(id);
+    buffers_.erase(buffers_.begin() + i);
+    for (node_record& n : nodes_) {
+      for (std::vector<int>* list : {&n.inputs, &n.outputs}) {
+        for (int& j : *list) j = j == i ? -1 : j > i ? j - 1 : j;
+      }
+    }
   }
 
   // Forgets every buffer of the graph that is still registered (in reverse order).

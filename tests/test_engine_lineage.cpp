@@ -14,7 +14,9 @@
 // inputs only it held) and one with outputs with its last; the staleness clock advances by the cost
 // of each node a recompute runs, so buffers made early in one recompute are staler than later ones;
 // a recompute plan lets the outputs it holds for later nodes go when a node would not fit
-// otherwise. Pinning several buffers together: test_engine_pin_together.cpp.
+// otherwise; a recomputed output that lives on another stream than its node is ordered after the
+// node's stream (by an event, else by draining the node's stream), and stays dropped with a
+// device_error that says why when neither can be done. Pinning several buffers together: test_engine_pin_together.cpp.
 #include <doctest/doctest.h>
 
 #include <optional>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "engine_fixture.hpp"
+#include "forwarding_backend.hpp"
 
 using namespace spillway;
 using namespace spillway::test;
@@ -212,6 +215,72 @@ TEST_CASE("a multi-output node: pinning one dropped output restores all in one r
   }
   env.sim->run_until_idle();
   for (buffer_id id : {outs[0], outs[2]}) g.expect(id);
+  env.sim->run_until_idle();
+  env.check_clean();
+}
+
+namespace {
+
+// The sim, with stream_wait_event (and, when `sync_too`, synchronize_stream) failing while armed.
+struct failing_ordering final : forwarding_backend {
+  using forwarding_backend::forwarding_backend;
+  bool armed = false;
+  bool sync_too = false;
+  int failed = 0;
+  void before(backend_call c) override {
+    if (!armed) return;
+    if (c == backend_call::stream_wait_event || (sync_too && c == backend_call::synchronize_stream)) {
+      ++failed;
+      throw device_error("injected: the device cannot order streams");
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a recomputed output on another stream is ordered after the node, or stays evicted") {
+  std::shared_ptr<failing_ordering> faults;
+  engine_options o;
+  o.streams = 1;
+  o.engine.bandwidth = {o.h2d_bandwidth, o.d2h_bandwidth};  // the sim's: nothing to measure
+  o.backend = [&faults](std::shared_ptr<sim_device> sim) {
+    faults = std::make_shared<failing_ordering>(std::move(sim));
+    return faults;
+  };
+  engine_env env(o);
+  lineage_graph g(env);
+  const stream_ref a{}, b = env.stream(0);
+  const buffer_id x = g.source(64 * KiB, a);
+  // The node runs on a (its first output's stream); its second output lives on b.
+  const std::vector<buffer_id> ys = g.node({x}, {64 * KiB, 32 * KiB}, a, 1000, {}, {a, b});
+  const node_id n = g.nodes().back().id;
+  env.sim->run_until_idle();
+  drop(env.eng(), ys[0]);
+  drop(env.eng(), ys[1]);
+
+  SUBCASE("no event to order b after a: a is drained instead") {
+    faults->armed = true;
+    void* p = env.eng().pin(ys[1]).get();
+    faults->armed = false;
+    CHECK(faults->failed == 1);
+    CHECK(p != nullptr);
+    CHECK(env.eng().state(ys[1]) == buffer_state::resident);
+    CHECK(g.runs(n) == 2);
+  }
+  SUBCASE("neither an event nor a drain: the output stays dropped and pin says why") {
+    faults->armed = true;
+    faults->sync_too = true;
+    CHECK_THROWS_WITH_AS(env.eng().pin(ys[1]),
+                         doctest::Contains("output 1 cannot be ordered for its stream"), device_error);
+    faults->armed = false;
+    CHECK(faults->failed == 2);
+    CHECK(env.eng().state(ys[1]) == buffer_state::dropped);
+    CHECK(env.eng().state(ys[0]) == buffer_state::resident);  // on the node's own stream
+    CHECK(g.runs(n) == 2);
+    env.sim->run_until_idle();
+    CHECK(env.allocated_bytes() == (64 + 64) * KiB);  // x and ys[0]: ys[1]'s block went back
+  }
+  for (buffer_id id : ys) g.expect(id);
   env.sim->run_until_idle();
   env.check_clean();
 }

@@ -106,6 +106,7 @@ struct eviction_engine::impl {
   bool can_drop_locked(const detail::buffer_entry& e) const noexcept;
   void drop_locked(detail::buffer_entry& e) noexcept;
   void recompute_locked(detail::node_entry& n, std::size_t depth);
+  std::string order_output_locked(detail::buffer_entry& out, stream_ref made_on) noexcept;
   void check_thrashing_locked(const detail::node_entry& n) const;  // before n runs again
 
   // --- engine_neighbourhood.cpp ----------------------------------------------------------------------

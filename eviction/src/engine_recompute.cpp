@@ -292,16 +292,34 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
     throw;
   }
 
-  // 3. Run it.
-  try {
-    n.desc.compute(input_ptrs, output_ptrs, n.stream);
-  } catch (...) {
+  // 3. What may fail is done before the call: every fresh block is known by its pointer and
+  //    recorded for the stream its output lives on. After the call nothing may fail half-way,
+  //    since the queued compute writes every output.
+  std::size_t known = 0;  // fresh outputs entered in by_pointer
+  const auto undo = [&] {
     for (std::size_t k = 0; k < fresh.size(); ++k) {
-      if (fresh[k] != nullptr) allocator.deallocate(output_ptrs[k]);
+      if (fresh[k] == nullptr) continue;
+      if (known > 0) {
+        by_pointer.erase(output_ptrs[k]);
+        --known;
+      }
+      allocator.deallocate(output_ptrs[k]);
     }
     for (buffer_entry* out : n.outputs) {
       if (out != nullptr) update_candidacy_locked(*out);
     }
+  };
+  try {
+    for (std::size_t k = 0; k < fresh.size(); ++k) {
+      buffer_entry* out = fresh[k];
+      if (out == nullptr) continue;
+      by_pointer.emplace(output_ptrs[k], out);
+      ++known;
+      if (out->stream != n.stream) allocator.record_stream(output_ptrs[k], out->stream);
+    }
+    n.desc.compute(input_ptrs, output_ptrs, n.stream);
+  } catch (...) {
+    undo();
     throw;
   }
   ++stats.recomputes;
@@ -313,23 +331,62 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
   const std::uint64_t made_at = now();
 
   // 4. Every output that was not resident is resident now, at its new block.
+  std::string unordered;  // why an output could not be ordered for its stream
+  std::size_t unordered_index = 0;
   for (std::size_t k = 0; k < fresh.size(); ++k) {
     buffer_entry* out = fresh[k];
     if (out == nullptr) continue;
+    if (out->stream != n.stream) {
+      if (std::string why = order_output_locked(*out, n.stream); !why.empty()) {
+        // Its stream could read it before the node wrote it: it stays evicted; the block is
+        // freed behind the node's work on n.stream.
+        by_pointer.erase(output_ptrs[k]);
+        allocator.deallocate(output_ptrs[k]);
+        if (unordered.empty()) {
+          unordered = std::move(why);
+          unordered_index = k;
+        }
+        continue;
+      }
+    }
     discard_host_copy_locked(*out);  // a spilled output's host copy is no longer needed
     out->device_ptr = output_ptrs[k];
     note_block_locked(*out);
-    by_pointer.emplace(out->device_ptr, out);
-    if (out->stream != n.stream) {  // made on n.stream, used on out->stream from now on
-      order_after_locked(out->stream, n.stream);
-      allocator.record_stream(out->device_ptr, out->stream);
-    }
     set_state_locked(*out, buffer_state::resident);
     out->last_access_ns = made_at;
     stats.bytes_recomputed += out->size;
   }
   for (buffer_entry* out : n.outputs) {
     if (out != nullptr) update_candidacy_locked(*out);
+  }
+  if (!unordered.empty()) {
+    throw device_error("spillway: recomputing " + n.desc.name + ": output " +
+                       std::to_string(unordered_index) + " cannot be ordered for its stream (" +
+                       unordered + "); it stays evicted");
+  }
+}
+
+// An output made on `made_on` is used on its own stream from now on: that stream waits for the
+// node's work. Without an event (the host or the device failing), the node's stream is drained
+// instead. Returns the error when even that fails: the output cannot be handed out.
+std::string eviction_engine::impl::order_output_locked(buffer_entry& out,
+                                                       stream_ref made_on) noexcept {
+  try {
+    order_after_locked(out.stream, made_on);
+    return {};
+  } catch (...) {
+  }
+  try {
+    backend.synchronize_stream(made_on);
+    return {};
+  } catch (const std::exception& e) {
+    try {
+      return e.what();
+    } catch (...) {
+      return "?";  // no memory for the message either: empty would mean success
+    }
+  } catch (...) {
+    return "an exception that is not a std::exception";
   }
 }
 
