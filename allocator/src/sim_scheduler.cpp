@@ -171,10 +171,18 @@ void sim_scheduler::enqueue_wait(std::uintptr_t sid, std::uintptr_t e) {
   push(sid, s, std::move(o));
 }
 
+// An enqueue that throws (the host out of memory) leaves the stream as it was, as a failed CUDA
+// call does: try_start changes a stream's state only after the step that may throw.
 void sim_scheduler::push(std::uintptr_t sid, stream& s, op o) {
   s.ops.push_back(std::move(o));
   ++s.enqueued;
-  try_start(sid, s, now_);
+  try {
+    try_start(sid, s, now_);
+  } catch (...) {
+    s.ops.pop_back();  // not started: try_start threw before it changed the head's state
+    --s.enqueued;
+    throw;
+  }
 }
 
 // --- scheduling ------------------------------------------------------------------------------------
@@ -187,15 +195,15 @@ void sim_scheduler::try_start(std::uintptr_t sid, stream& s, std::uint64_t t) {
         pop_head(sid, s);
         continue;
       }
-      s.head = head_state::waiting_event;
       o.at->waiters.push_back({sid, s.token});
+      s.head = head_state::waiting_event;
       return;
     }
     if (o.kind == op_kind::copy) {
       if (const int e = engine_of(o.direction, o.bytes); e >= 0) {
         if (engines_[e].busy) {
-          s.head = head_state::waiting_engine;
           engines_[e].queue.push_back({sid, s.token});
+          s.head = head_state::waiting_engine;
         } else {
           start_on_engine(sid, s, e, t);
         }
@@ -209,14 +217,15 @@ void sim_scheduler::try_start(std::uintptr_t sid, stream& s, std::uint64_t t) {
 
 void sim_scheduler::start_on_engine(std::uintptr_t sid, stream& s, int e, std::uint64_t t) {
   engine& en = engines_[e];
+  schedule(sid, s, plus(std::max(t, en.free_at), s.ops.front().duration));
   en.busy = true;
   s.engine = e;
-  schedule(sid, s, plus(std::max(t, en.free_at), s.ops.front().duration));
 }
 
 void sim_scheduler::schedule(std::uintptr_t sid, stream& s, std::uint64_t end) {
+  running_.push(timed{end, seq_, sid, s.token});  // the only step that may throw
+  ++seq_;
   s.head = head_state::running;
-  running_.push(timed{end, seq_++, sid, s.token});
 }
 
 void sim_scheduler::pop_head(std::uintptr_t sid, stream& s) {

@@ -1,0 +1,409 @@
+// test_host_memory_faults: the host running out of memory (std::bad_alloc from any allocation of
+// the allocator, the engine, the host pool or the simulated device) loses and corrupts nothing.
+//
+// Every operation under test runs once per host allocation it makes: run k fails the k-th one
+// (counting from 0), in two modes, a single failure (the host recovers at once) and every
+// allocation from the k-th on (the host stays out of memory until the operation returns). The
+// sweep ends at the first k the operation does not reach. After each run, with the host's memory
+// back:
+// - the operation returned, or threw std::bad_alloc or spillway::out_of_memory, nothing else;
+// - the allocator's blocks tile its segments and its statistics match its snapshot;
+// - every registered buffer pins (restored or recomputed if it was evicted) and holds its bytes;
+//   no kernel saw a wrong input;
+// - no memory leaked (the sanitizer builds run this test under LeakSanitizer).
+//
+// The operations: an allocation over budget served by compaction (Note [Compaction]), one served
+// by spilling (no lineage), one served by dropping; pinning a buffer whose lineage was dropped
+// (recursive recompute under pressure); restoring a spilled buffer under pressure; registering a
+// buffer and adding a node.
+//
+// The simulated device is shielded from the failures in those runs: it stands for the CUDA runtime,
+// whose failures are the device and copy faults the sim injects (test_fault_injection). Its own
+// promise is tested apart: an enqueue that fails for host memory leaves its stream as it was, so
+// the work queued before it still runs and nothing waits forever.
+//
+// The failures come from this executable's replacement of the global operator new, armed on the
+// test's thread only.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "engine_fixture.hpp"
+#include "forwarding_backend.hpp"
+
+namespace {
+
+// --- the replaced global allocation functions -----------------------------------------------------
+
+// < 0: disarmed. Otherwise the number of allocations on this thread that still succeed.
+thread_local long t_countdown = -1;
+thread_local bool t_persistent = false;  // keep failing once the countdown ran out
+thread_local long t_failures = 0;        // failures injected since the last arm()
+
+void* allocate_or_throw(std::size_t bytes, std::size_t alignment) {
+  if (t_countdown >= 0) {
+    if (t_countdown == 0) {
+      ++t_failures;
+      if (!t_persistent) t_countdown = -1;
+      throw std::bad_alloc();
+    }
+    --t_countdown;
+  }
+  if (bytes == 0) bytes = 1;
+  void* p = alignment <= alignof(std::max_align_t)
+                ? std::malloc(bytes)
+                : std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+}  // namespace
+
+void* operator new(std::size_t n) { return allocate_or_throw(n, 0); }
+void* operator new[](std::size_t n) { return allocate_or_throw(n, 0); }
+void* operator new(std::size_t n, std::align_val_t a) {
+  return allocate_or_throw(n, static_cast<std::size_t>(a));
+}
+void* operator new[](std::size_t n, std::align_val_t a) {
+  return allocate_or_throw(n, static_cast<std::size_t>(a));
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return allocate_or_throw(n, 0);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return allocate_or_throw(n, 0);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+using namespace spillway;
+using namespace spillway::test;
+
+namespace {
+
+// Arms the failure for the life of the scope, on this thread.
+class host_fault_scope {
+ public:
+  host_fault_scope(long after, bool persistent) noexcept {
+    t_failures = 0;
+    t_persistent = persistent;
+    t_countdown = after;
+  }
+  ~host_fault_scope() { t_countdown = -1; }
+  host_fault_scope(const host_fault_scope&) = delete;
+  host_fault_scope& operator=(const host_fault_scope&) = delete;
+};
+
+// The simulated device stands for the CUDA runtime: its own failures are the device and copy
+// faults it injects (test_fault_injection), so host allocations inside it never fail here (kernel
+// effects it runs included).
+class shielded_backend final : public forwarding_backend {
+ public:
+  using forwarding_backend::forwarding_backend;
+
+ protected:
+  void before(backend_call) override {
+    if (depth_++ == 0) saved_ = t_countdown;
+    t_countdown = -1;
+  }
+  void after() noexcept override {
+    if (--depth_ == 0) t_countdown = saved_;
+  }
+
+ private:
+  static thread_local int depth_;    // the calls run on the calling thread, as t_countdown
+  static thread_local long saved_;
+};
+
+thread_local int shielded_backend::depth_ = 0;
+thread_local long shielded_backend::saved_ = -1;
+
+// One prepared state and the operation to run on it.
+struct scenario {
+  engine_env env;
+  lineage_graph g{env};
+  std::vector<void*> held;  // allocations of the test, freed before the check
+  std::vector<buffer_id> registered;  // buffers outside the graph, forgotten before the check
+  std::function<void(scenario&)> operation;
+  std::function<bool(scenario&)> did;  // checked after the run without a failure
+
+  explicit scenario(engine_options o) : env(shield(std::move(o))) {
+    held.reserve(8);  // the operation's push_back must not be what fails
+    registered.reserve(8);
+  }
+  static engine_options shield(engine_options o) {
+    o.capacity = 64 * MiB;  // a run per allocation: a small device keeps each one cheap
+    o.engine.bandwidth = {o.h2d_bandwidth, o.d2h_bandwidth};  // the sim's: nothing to measure
+    o.backend = [](std::shared_ptr<sim_device> sim) {
+      return std::make_shared<shielded_backend>(std::move(sim));
+    };
+    return o;
+  }
+};
+
+// The state the allocator and engine must be in after any run: see the file's header.
+void check_intact(scenario& s, const std::string& run) {
+  INFO(run);
+  for (buffer_id id : s.registered) s.env.eng().forget(id);
+  s.registered.clear();
+  for (void* p : s.held) s.env.alloc->deallocate(p);
+  s.held.clear();
+  s.env.sim->run_until_idle();
+  const memory_snapshot snap = s.env.alloc->snapshot();
+  check_snapshot_invariants(snap);
+  check_stats_match_snapshot(s.env.alloc->stats(), snap);
+  for (const lineage_graph::buffer_record& b : s.g.buffers()) {
+    pinned_buffer p = s.env.eng().pin(b.id);
+    s.env.sim->synchronize_stream(b.stream);
+    CHECK_MESSAGE(checksum(p.get(), b.bytes) == b.sum, "buffer " << b.id.value << " lost its bytes");
+  }
+  s.env.sim->run_until_idle();
+  for (const std::string& f : s.env.log.failures()) FAIL_CHECK("kernel: " << f);
+  // No device block leaked: with every buffer forgotten, nothing is allocated.
+  s.g.forget_all();
+  s.env.sim->run_until_idle();
+  CHECK(s.env.allocated_bytes() == 0);
+}
+
+// Runs `operation` on a fresh state from `make`, failing the k-th host allocation, for every k
+// the operation reaches; returns how many runs injected a failure.
+long sweep(const std::function<std::unique_ptr<scenario>()>& make, bool persistent) {
+  long k = 0;
+  for (;; ++k) {
+    REQUIRE_MESSAGE(k < 100000, "the operation never ends without a failure");
+    std::unique_ptr<scenario> s = make();
+    long failures = 0;
+    std::exception_ptr error;
+    {
+      host_fault_scope armed(k, persistent);
+      try {
+        s->operation(*s);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      failures = t_failures;
+    }
+    std::string outcome = "returned";
+    if (error) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::bad_alloc&) {
+        outcome = "bad_alloc";
+      } catch (const out_of_memory&) {
+        outcome = "out_of_memory";
+      } catch (const std::exception& e) {
+        outcome = e.what();
+      }
+    }
+    const std::string run = std::string(persistent ? "every allocation from " : "allocation ") +
+                            std::to_string(k) + " failed; the operation " + outcome;
+    CHECK_MESSAGE((outcome == "returned" || outcome == "bad_alloc" || outcome == "out_of_memory"),
+                  run);
+    // Without a failure, the operation did what the scenario is about.
+    if (failures == 0 && s->did) CHECK_MESSAGE(s->did(*s), run);
+    check_intact(*s, run);
+    if (failures == 0) return k;  // the operation made fewer than k + 1 allocations
+  }
+}
+
+void sweep_both(const std::function<std::unique_ptr<scenario>()>& make) {
+  const long single = sweep(make, false);
+  const long persistent = sweep(make, true);
+  MESSAGE("host allocations failed one at a time: " << single << " runs; from one on: "
+                                                    << persistent << " runs");
+  CHECK(single > 0);  // the operation allocates: the sweep reached it
+  CHECK(persistent > 0);
+}
+
+// 4 MiB blocks (the sources are 8 bytes short of them), spill-only sources.
+constexpr std::size_t k_source = 4 * MiB - 8;
+
+// Compaction's layout (test_engine_compaction): two 20 MiB segments under a 40 MiB budget; A
+// keeps one buffer, B two; a 12 MiB request fits in no hole.
+std::unique_ptr<scenario> compaction_layout() {
+  engine_options o;
+  o.budget = 40 * MiB;
+  o.engine.policy = "lru";
+  auto s = std::make_unique<scenario>(o);
+  std::vector<buffer_id> ids;
+  for (int i = 0; i < 10; ++i) ids.push_back(s->g.source(k_source));
+  for (int i : {0, 1, 3, 4, 5, 7, 9}) s->g.forget(ids[static_cast<std::size_t>(i)]);
+  s->operation = [](scenario& t) { t.held.push_back(t.env.alloc->allocate(12 * MiB)); };
+  s->did = [](scenario& t) { return t.env.eng().stats().moves > 0; };
+  return s;
+}
+
+// Eight spill-only 1 MiB sources fill an 8 MiB budget (expandable segments: no fragmentation).
+std::unique_ptr<scenario> spill_layout(bool pin_spilled) {
+  engine_options o;
+  o.budget = 8 * MiB;
+  o.expandable_segments = true;
+  o.engine.policy = "lru";
+  auto s = std::make_unique<scenario>(o);
+  std::vector<buffer_id> ids;
+  for (int i = 0; i < 8; ++i) ids.push_back(s->g.source(1 * MiB));
+  if (pin_spilled) {
+    REQUIRE(s->env.eng().evict(ids[0], eviction::eviction_mode::spill));
+    s->env.sim->run_until_idle();
+    s->held.push_back(s->env.alloc->allocate(1 * MiB));  // the budget is full again
+    s->operation = [id = ids[0]](scenario& t) {
+      pinned_buffer p = t.env.eng().pin(id);  // restores it, spilling another
+    };
+    s->did = [](scenario& t) { return t.env.eng().stats().spills >= 2; };
+  } else {
+    s->operation = [](scenario& t) { t.held.push_back(t.env.alloc->allocate(3 * MiB)); };
+    s->did = [](scenario& t) { return t.env.eng().stats().spills >= 3; };
+  }
+  return s;
+}
+
+// A chain x0 -> x1 -> ... -> x7 of 1 MiB buffers under an 8 MiB budget (expandable segments:
+// 2 MiB pages), drop-only.
+std::unique_ptr<scenario> chain_layout(bool pin_last) {
+  engine_options o;
+  o.budget = 8 * MiB;
+  o.expandable_segments = true;
+  o.engine.policy = "dtr";
+  o.engine.allow_spill = false;
+  auto s = std::make_unique<scenario>(o);
+  std::vector<buffer_id> x{s->g.source(1 * MiB)};
+  for (int i = 1; i < 8; ++i) x.push_back(s->g.node({x.back()}, {1 * MiB})[0]);
+  if (pin_last) {
+    for (int i = 1; i < 7; ++i) drop(s->env.eng(), x[static_cast<std::size_t>(i)]);
+    drop(s->env.eng(), x[7]);
+    // Leave room for three buffers only (x0 among them): the recompute of x7 must drop what it
+    // made on its way.
+    s->held.push_back(s->env.alloc->allocate(4 * MiB));
+    s->operation = [last = x[7]](scenario& t) { pinned_buffer p = t.env.eng().pin(last); };
+    s->did = [](scenario& t) {
+      const eviction::engine_stats st = t.env.eng().stats();
+      return st.recomputes == 7 && st.drops > 7;  // x1..x7 made again, some dropped again
+    };
+  } else {
+    s->operation = [](scenario& t) { t.held.push_back(t.env.alloc->allocate(2 * MiB)); };
+    s->did = [](scenario& t) { return t.env.eng().stats().drops >= 2; };
+  }
+  return s;
+}
+
+// Registering a buffer and adding a node that produces it, on a roomy device.
+std::unique_ptr<scenario> register_layout() {
+  auto s = std::make_unique<scenario>(engine_options{});
+  const buffer_id src = s->g.source(64 * KiB);
+  s->operation = [src](scenario& t) {
+    void* p = t.env.alloc->allocate(64 * KiB);
+    t.held.push_back(p);
+    t.registered.push_back(t.env.eng().register_buffer(p, 64 * KiB, {}));
+    eviction::lineage_node n;
+    n.name = "extra";
+    n.inputs = {src};
+    n.output_count = 1;
+    n.compute = [](std::span<void* const>, std::span<void* const>, stream_ref) {};
+    const node_id node = t.env.eng().add_node(std::move(n));
+    t.env.eng().set_lineage(t.registered.back(), node);
+    t.env.eng().remove_node(node);
+  };
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("host out of memory: an allocation served by compaction") {
+  sweep_both(compaction_layout);
+}
+
+TEST_CASE("host out of memory: an allocation served by spilling") {
+  sweep_both([] { return spill_layout(false); });
+}
+
+TEST_CASE("host out of memory: restoring a spilled buffer under pressure") {
+  sweep_both([] { return spill_layout(true); });
+}
+
+TEST_CASE("host out of memory: an allocation served by dropping") {
+  sweep_both([] { return chain_layout(false); });
+}
+
+TEST_CASE("host out of memory: a recursive recompute under pressure") {
+  sweep_both([] { return chain_layout(true); });
+}
+
+TEST_CASE("host out of memory: registering a buffer and adding a node") {
+  sweep_both(register_layout);
+}
+
+TEST_CASE("host out of memory in the simulated device: a failed enqueue leaves its stream as it was") {
+  for (const bool persistent : {false, true}) {
+    long k = 0;
+    for (;; ++k) {
+      REQUIRE(k < 10000);
+      const std::string mode = persistent ? "every allocation from " : "allocation ";
+      INFO(mode << k << " failed");
+      auto sim = std::make_shared<sim_device>(sim_config{});
+      const stream_ref s1 = sim->create_stream(), s2 = sim->create_stream();
+      const event_ref e = sim->create_event();
+      void* dev = sim->reserve_segment(2 * MiB);
+      std::vector<unsigned char> host(2 * MiB, 0x3C);
+      int kernels_queued = 0, kernels_ran = 0;
+      bool copies_queued[2] = {false, false};
+      long failures = 0;
+      {
+        host_fault_scope armed(k, persistent);
+        try {
+          sim->launch(s1, 1000, [&] { ++kernels_ran; });
+          ++kernels_queued;
+          sim->record_event(e, s1);
+          sim->stream_wait_event(s2, e);  // s2 parks on s1's record
+          sim->launch(s2, 1000, [&] { ++kernels_ran; });
+          ++kernels_queued;
+          // The second copy parks on the busy host-to-device engine.
+          sim->copy_async(dev, host.data(), MiB, copy_kind::host_to_device, s1);
+          copies_queued[0] = true;
+          sim->copy_async(static_cast<char*>(dev) + MiB, host.data(), MiB,
+                          copy_kind::host_to_device, s2);
+          copies_queued[1] = true;
+          sim->launch(s2, 1000, [&] { ++kernels_ran; });
+          ++kernels_queued;
+        } catch (const std::bad_alloc&) {
+        }
+        failures = t_failures;
+      }
+      // Nothing is left waiting forever: each stream drains.
+      CHECK_NOTHROW(sim->synchronize_stream(s1));
+      CHECK_NOTHROW(sim->synchronize_stream(s2));
+      CHECK_NOTHROW(sim->run_until_idle());
+      CHECK(kernels_ran == kernels_queued);
+      for (int c = 0; c < 2; ++c) {
+        const auto* d = static_cast<const unsigned char*>(dev) + c * MiB;
+        CHECK_MESSAGE((d[0] == 0x3C && d[MiB - 1] == 0x3C) == copies_queued[c], "copy " << c);
+      }
+      sim->release_segment(dev, 2 * MiB);
+      sim->destroy_event(e);
+      sim->destroy_stream(s1);
+      sim->destroy_stream(s2);
+      if (failures == 0) break;
+    }
+    const std::string mode = persistent ? "from one on: " : "one at a time: ";
+    MESSAGE("host allocations failed " << mode << k << " runs");
+    CHECK(k > 0);
+  }
+}
