@@ -1,5 +1,7 @@
 // test_host_memory_faults: the host running out of memory (std::bad_alloc from any allocation of
-// the allocator, the engine, the host pool or the simulated device) loses and corrupts nothing.
+// the allocator, the engine or the host pool) loses and corrupts nothing (Note [Host out of
+// memory]); an enqueue on the simulated device that fails for host memory leaves its stream as it
+// was.
 //
 // Every operation under test runs once per host allocation it makes: run k fails the k-th one
 // (counting from 0), in two modes, a single failure (the host recovers at once) and every
@@ -10,12 +12,15 @@
 // - the allocator's blocks tile its segments and its statistics match its snapshot;
 // - every registered buffer pins (restored or recomputed if it was evicted) and holds its bytes;
 //   no kernel saw a wrong input;
-// - no memory leaked (the sanitizer builds run this test under LeakSanitizer).
+// - no device block leaked: with every buffer forgotten, nothing is allocated; no host memory
+//   leaked (the ASan build runs this test under LeakSanitizer).
 //
 // The operations: an allocation over budget served by compaction (Note [Compaction]), one served
 // by spilling (no lineage), one served by dropping; pinning a buffer whose lineage was dropped
-// (recursive recompute under pressure); restoring a spilled buffer under pressure; registering a
-// buffer and adding a node.
+// (recursive recompute under pressure); restoring a spilled buffer under pressure; lowering the
+// budget below what is reserved; pinning spilled and dropped buffers together with next-use
+// prediction, then a prefetch; the allocator alone with expandable segments (pages mapped, a
+// cross-stream free, a release); registering a buffer and adding a node.
 //
 // The simulated device is shielded from the failures in those runs: it stands for the CUDA runtime,
 // whose failures are the device and copy faults the sim injects (test_fault_injection). Its own
@@ -305,6 +310,81 @@ std::unique_ptr<scenario> chain_layout(bool pin_last) {
   return s;
 }
 
+// Lowering the budget below what is reserved: the engine evicts (spills the sources, drops the
+// chain's buffers) until the reservations fit, with PyTorch's segments.
+std::unique_ptr<scenario> budget_layout() {
+  engine_options o;
+  o.budget = 16 * MiB;
+  o.engine.policy = "dtr";
+  auto s = std::make_unique<scenario>(o);
+  std::vector<buffer_id> x{s->g.source(1 * MiB)};
+  for (int i = 0; i < 5; ++i) x.push_back(s->g.source(512 * KiB));
+  for (int i = 1; i < 8; ++i) x.push_back(s->g.node({x.back()}, {1 * MiB})[0]);
+  s->env.sim->run_until_idle();
+  s->operation = [](scenario& t) { (void)t.env.alloc->set_budget(6 * MiB); };
+  s->did = [](scenario& t) {
+    return t.env.alloc->stats().reserved_bytes[0].current <= static_cast<std::int64_t>(6 * MiB);
+  };
+  return s;
+}
+
+// pin_all of buffers spilled and dropped, under pressure, after two steps whose reads the engine
+// recorded (next-use prediction on).
+std::unique_ptr<scenario> pin_all_layout() {
+  engine_options o;
+  o.budget = 8 * MiB;
+  o.expandable_segments = true;
+  o.engine.policy = "dtr";
+  auto s = std::make_unique<scenario>(o);
+  std::vector<buffer_id> x{s->g.source(1 * MiB)};
+  for (int i = 1; i < 6; ++i) x.push_back(s->g.node({x.back()}, {1 * MiB})[0]);
+  for (int step = 0; step < 2; ++step) {
+    s->env.eng().begin_step();
+    for (buffer_id id : x) s->g.expect(id);
+  }
+  s->env.sim->run_until_idle();
+  REQUIRE(s->env.eng().evict(x[0], eviction_mode::spill));
+  drop(s->env.eng(), x[3]);
+  drop(s->env.eng(), x[4]);
+  s->env.sim->run_until_idle();
+  s->held.push_back(s->env.alloc->allocate(3 * MiB));
+  s->operation = [ids = std::vector<buffer_id>{x[0], x[4], x[5]}](scenario& t) {
+    t.env.eng().begin_step();
+    std::vector<pinned_buffer> pins = t.env.eng().pin_all(ids);
+    t.env.eng().prefetch(ids[0]);
+  };
+  s->did = [x](scenario& t) {
+    const buffer_state s0 = t.env.eng().state(x[0]);  // its copy back may still be queued
+    return (s0 == buffer_state::resident || s0 == buffer_state::restoring) &&
+           t.env.eng().state(x[4]) == buffer_state::resident && t.env.eng().stats().restores > 0;
+  };
+  return s;
+}
+
+// The allocator alone, with expandable segments: allocations that map pages, frees, a release of
+// the free pages, allocations again; one block used on a second stream.
+std::unique_ptr<scenario> expandable_layout() {
+  engine_options o;
+  o.expandable_segments = true;
+  o.streams = 1;
+  auto s = std::make_unique<scenario>(o);
+  s->g.source(1 * MiB);
+  s->operation = [](scenario& t) {
+    void* a = t.env.alloc->allocate(3 * MiB);
+    t.held.push_back(a);
+    void* b = t.env.alloc->allocate(5 * MiB);
+    t.held.push_back(b);
+    t.env.alloc->record_stream(b, t.env.stream(0));
+    t.held.pop_back();
+    t.env.alloc->deallocate(b);  // waits for stream 1's event
+    (void)t.env.alloc->empty_cache();
+    t.held.push_back(t.env.alloc->allocate(7 * MiB));
+    t.held.push_back(t.env.alloc->allocate(64 * KiB));
+  };
+  s->did = [](scenario& t) { return t.held.size() == 3; };
+  return s;
+}
+
 // Registering a buffer and adding a node that produces it, on a roomy device.
 std::unique_ptr<scenario> register_layout() {
   auto s = std::make_unique<scenario>(engine_options{});
@@ -345,6 +425,18 @@ TEST_CASE("host out of memory: an allocation served by dropping") {
 
 TEST_CASE("host out of memory: a recursive recompute under pressure") {
   sweep_both([] { return chain_layout(true); });
+}
+
+TEST_CASE("host out of memory: lowering the budget below what is reserved") {
+  sweep_both(budget_layout);
+}
+
+TEST_CASE("host out of memory: pinning spilled and dropped buffers together, with next-use prediction") {
+  sweep_both(pin_all_layout);
+}
+
+TEST_CASE("host out of memory: the allocator with expandable segments, a cross-stream free, a release") {
+  sweep_both(expandable_layout);
 }
 
 TEST_CASE("host out of memory: registering a buffer and adding a node") {
