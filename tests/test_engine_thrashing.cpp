@@ -5,7 +5,8 @@
 // before the node that would pass the bound runs; nothing is lost: the nodes it ran leave their
 // outputs resident and whole, the others stay dropped, no pin is left held, and a later pin
 // finishes the work; the count starts again at each caller's pin (two pins that each stay under
-// the bound both succeed); 0 sets no bound; a negative, NaN or infinite factor is refused with
+// the bound both succeed); the number of nodes a pin runs is bounded the same way, so nodes that
+// cost nothing are bounded too; 0 sets no bound; a negative, NaN or infinite factor is refused with
 // invalid_argument naming the value.
 #include <doctest/doctest.h>
 
@@ -21,16 +22,16 @@ using namespace spillway::test;
 
 namespace {
 
-// A chain s -> x1 -> ... -> x8 of 16 KiB buffers, each node costing 1 us (the lineage: 8 us), with
-// x1..x8 dropped.
+// A chain s -> x1 -> ... -> x8 of 16 KiB buffers, each node costing 1 us (the lineage: 8 us)
+// unless told, with x1..x8 dropped.
 struct dropped_chain {
   engine_env env;
   lineage_graph g{env};
   std::vector<buffer_id> ids;
 
-  explicit dropped_chain(double factor) : env(options(factor)) {
+  explicit dropped_chain(double factor, double cost_ns = 1000) : env(options(factor)) {
     ids.push_back(g.source(16 * KiB));
-    for (int i = 0; i < 8; ++i) ids.push_back(g.node({ids.back()}, {16 * KiB})[0]);  // 1 us each
+    for (int i = 0; i < 8; ++i) ids.push_back(g.node({ids.back()}, {16 * KiB}, {}, cost_ns)[0]);
     env.sim->run_until_idle();
     for (std::size_t i = 1; i < ids.size(); ++i) drop(env.eng(), ids[i]);
   }
@@ -62,6 +63,24 @@ TEST_CASE("a pin that would recompute past max_recompute_factor x the lineage fa
   c.g.expect(c.ids[8]);
   CHECK(c.env.eng().stats().recomputes == 8);
   for (buffer_id id : c.ids) c.g.expect(id);
+  c.env.sim->run_until_idle();
+  c.env.check_clean();
+}
+
+TEST_CASE("nodes that cost nothing are bounded by their number") {
+  dropped_chain c(0.5, 0);  // at most 4 of the 8 nodes per pin
+  try {
+    (void)c.env.eng().pin(c.ids[8]);
+    FAIL("pin returned");
+  } catch (const out_of_memory& e) {
+    CHECK_MESSAGE(contains(e.what(), "thrashing"), e.what());
+    CHECK_MESSAGE(contains(e.what(), "this pin has run 4 lineage nodes"), e.what());
+    CHECK_MESSAGE(contains(e.what(), "(8 nodes, 0 ms)"), e.what());
+  }
+  CHECK(c.env.eng().stats().recomputes == 4);
+  CHECK(c.env.eng().stats().pinned_bytes == 0);
+  c.g.expect(c.ids[8]);  // a pin of its own: x5..x8
+  CHECK(c.env.eng().stats().recomputes == 8);
   c.env.sim->run_until_idle();
   c.env.check_clean();
 }

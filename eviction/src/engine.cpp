@@ -135,6 +135,7 @@ node_id eviction_engine::add_node(lineage_node desc) {
   n->desc = std::move(desc);
   n->inputs = std::move(inputs);
   m.lineage_cost_ns += n->desc.cost_ns;
+  ++m.lineage_nodes;
   for (buffer_entry* in : n->inputs) in->consumers.push_back(n);  // reserved below, cannot throw
   return node_id{id};
 }
@@ -182,6 +183,7 @@ void eviction_engine::impl::detach_output_locked(buffer_entry& e) noexcept {
 void eviction_engine::impl::retire_node_locked(node_entry& n) noexcept {
   std::vector<buffer_entry*> inputs = std::move(n.inputs);
   lineage_cost_ns = std::max(0.0, lineage_cost_ns - n.desc.cost_ns);
+  --lineage_nodes;
   nodes.recycle(n.id);
   for (buffer_entry* in : inputs) {
     // Swap-and-pop: order does not matter, and the most recent reader is usually at the back.
@@ -353,6 +355,7 @@ pinned_buffer eviction_engine::pin(buffer_id id, stream_ref use) {
 // what the call recomputes (Note [Thrashing bound]).
 void eviction_engine::impl::note_access_locked(std::span<buffer_entry* const> entries) {
   call_recompute_ns = 0;
+  call_recomputes = 0;
   if (access.steps() == 0) return;
   access.begin_event(now());
   for (const buffer_entry* e : entries) access.on_read(e->access_key);

@@ -58,10 +58,12 @@ struct eviction_engine::impl {
   detail::access_profile access;   // next-use prediction, once steps are marked (begin_step)
   engine_stats stats;
   pressure_handler_id handler_id = 0;
-  // Note [Thrashing bound]: the cost of every live lineage node (add_node adds, retiring
-  // subtracts), and what the caller's pin or pin_all under way has recomputed so far.
+  // Note [Thrashing bound]: the cost and the number of the live lineage nodes (add_node adds,
+  // retiring subtracts), and what the caller's pin or pin_all under way has recomputed so far.
   double lineage_cost_ns = 0;
+  std::size_t lineage_nodes = 0;
   double call_recompute_ns = 0;
+  std::size_t call_recomputes = 0;
 
   // --- engine_pin_together.cpp ---------------------------------------------------------------------
   void pin_together_locked(std::span<detail::buffer_entry* const> entries, std::size_t depth);

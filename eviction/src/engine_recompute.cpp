@@ -195,8 +195,14 @@ struct visit_guard {
 // times the cost of the whole lineage. Nothing has changed for n yet; the exception unwinds like
 // an allocation's out_of_memory (pins let go, scratch freed, dropped buffers left dropped).
 void eviction_engine::impl::check_thrashing_locked(const node_entry& n) const {
-  const double limit = config.max_recompute_factor * lineage_cost_ns;
-  if (config.max_recompute_factor == 0 || call_recompute_ns + n.desc.cost_ns <= limit) return;
+  // Cost, and also count: nodes whose cost is 0 (or measured as next to nothing) would never pass
+  // a bound on cost alone.
+  const double factor = config.max_recompute_factor;
+  if (factor == 0) return;
+  if (call_recompute_ns + n.desc.cost_ns <= factor * lineage_cost_ns &&
+      static_cast<double>(call_recomputes + 1) <= factor * static_cast<double>(lineage_nodes)) {
+    return;
+  }
   const memory_stats st = allocator.stats();
   out_of_memory::details d;
   d.device = allocator.device();
@@ -210,13 +216,13 @@ void eviction_engine::impl::check_thrashing_locked(const node_entry& n) const {
   }
   char what[1024];
   std::snprintf(what, sizeof what,
-                "spillway: thrashing on device %d: this pin has recomputed %.6g ms of lineage, and "
-                "running '%s' again would pass max_recompute_factor %g x the cost of the whole "
-                "lineage (%.6g ms): what it rebuilds is evicted again to make room for the rest. "
-                "%s, %zu bytes reserved, %zu allocated: raise the budget, allow spilling, or "
-                "raise max_recompute_factor",
-                d.device, call_recompute_ns / 1e6, n.desc.name.c_str(), config.max_recompute_factor,
-                lineage_cost_ns / 1e6, budget, d.reserved, d.allocated);
+                "spillway: thrashing on device %d: this pin has run %zu lineage nodes (%.6g ms), "
+                "and running '%s' again would pass max_recompute_factor %g x the whole lineage "
+                "(%zu nodes, %.6g ms): what it rebuilds is evicted again to make room for the "
+                "rest. %s, %zu bytes reserved, %zu allocated: raise the budget, allow spilling, "
+                "or raise max_recompute_factor",
+                d.device, call_recomputes, call_recompute_ns / 1e6, n.desc.name.c_str(), factor,
+                lineage_nodes, lineage_cost_ns / 1e6, budget, d.reserved, d.allocated);
   throw out_of_memory(what, d);
 }
 
@@ -325,6 +331,7 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
   ++stats.recomputes;
   stats.recompute_cost_ns += n.desc.cost_ns;
   call_recompute_ns += n.desc.cost_ns;
+  ++call_recomputes;
   // The node's work is queued, not done: the clock has not moved, but its outputs are as fresh
   // as its cost makes them (Note [Staleness clock]).
   recompute_time_floor = now() + static_cast<std::uint64_t>(n.desc.cost_ns);
