@@ -35,7 +35,9 @@ class forwarding_backend : public device_backend {
 
   int device_index() const noexcept override { return inner_->device_index(); }
   std::size_t vmm_granularity() const noexcept override { return inner_->vmm_granularity(); }
-  std::string name() const override { return call(backend_call::name, [&] { return inner_->name(); }); }
+  std::string name() const override {
+    return call(backend_call::name, [&] { return inner_->name(); });
+  }
   std::size_t total_memory() const override {
     return call(backend_call::total_memory, [&] { return inner_->total_memory(); });
   }
@@ -52,7 +54,8 @@ class forwarding_backend : public device_backend {
     call(backend_call::synchronize_device, [&] { inner_->synchronize_device(); });
   }
   void* reserve_address_range(std::size_t b) override {
-    return call(backend_call::reserve_address_range, [&] { return inner_->reserve_address_range(b); });
+    return call(backend_call::reserve_address_range,
+                [&] { return inner_->reserve_address_range(b); });
   }
   void release_address_range(void* p, std::size_t b) noexcept override {
     quiet(backend_call::release_address_range, [&] { inner_->release_address_range(p, b); });
@@ -94,7 +97,8 @@ class forwarding_backend : public device_backend {
     call(backend_call::copy_async, [&] { inner_->copy_async(d, s, b, k, st); });
   }
   void* allocate_pinned_host(std::size_t b) override {
-    return call(backend_call::allocate_pinned_host, [&] { return inner_->allocate_pinned_host(b); });
+    return call(backend_call::allocate_pinned_host,
+                [&] { return inner_->allocate_pinned_host(b); });
   }
   void free_pinned_host(void* p, std::size_t b) noexcept override {
     quiet(backend_call::free_pinned_host, [&] { inner_->free_pinned_host(p, b); });

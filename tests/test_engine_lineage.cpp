@@ -229,7 +229,8 @@ struct failing_ordering final : forwarding_backend {
   int failed = 0;
   void before(backend_call c) override {
     if (!armed) return;
-    if (c == backend_call::stream_wait_event || (sync_too && c == backend_call::synchronize_stream)) {
+    if (c == backend_call::stream_wait_event ||
+        (sync_too && c == backend_call::synchronize_stream)) {
       ++failed;
       throw device_error("injected: the device cannot order streams");
     }

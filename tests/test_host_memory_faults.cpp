@@ -43,7 +43,7 @@
 
 namespace {
 
-// --- the replaced global allocation functions -----------------------------------------------------
+// --- the replaced global allocation functions ----------------------------------------------
 
 // < 0: disarmed. Otherwise the number of allocations on this thread that still succeed.
 thread_local long t_countdown = -1;
@@ -179,7 +179,8 @@ void check_intact(scenario& s, const std::string& run) {
   for (const lineage_graph::buffer_record& b : s.g.buffers()) {
     pinned_buffer p = s.env.eng().pin(b.id);
     s.env.sim->synchronize_stream(b.stream);
-    CHECK_MESSAGE(checksum(p.get(), b.bytes) == b.sum, "buffer " << b.id.value << " lost its bytes");
+    CHECK_MESSAGE(checksum(p.get(), b.bytes) == b.sum,
+                  "buffer " << b.id.value << " lost its bytes");
   }
   s.env.sim->run_until_idle();
   for (const std::string& f : s.env.log.failures()) FAIL_CHECK("kernel: " << f);
@@ -431,11 +432,11 @@ TEST_CASE("host out of memory: lowering the budget below what is reserved") {
   sweep_both(budget_layout);
 }
 
-TEST_CASE("host out of memory: pinning spilled and dropped buffers together, with next-use prediction") {
+TEST_CASE("host out of memory: pin_all of spilled and dropped buffers, with next-use prediction") {
   sweep_both(pin_all_layout);
 }
 
-TEST_CASE("host out of memory: the allocator with expandable segments, a cross-stream free, a release") {
+TEST_CASE("host out of memory: the allocator alone, expandable segments, a cross-stream free") {
   sweep_both(expandable_layout);
 }
 
@@ -443,7 +444,7 @@ TEST_CASE("host out of memory: registering a buffer and adding a node") {
   sweep_both(register_layout);
 }
 
-TEST_CASE("host out of memory in the simulated device: a failed enqueue leaves its stream as it was") {
+TEST_CASE("host out of memory in the simulated device: a failed enqueue leaves its stream as is") {
   for (const bool persistent : {false, true}) {
     long k = 0;
     for (;; ++k) {
