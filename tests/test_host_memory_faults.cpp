@@ -240,16 +240,26 @@ void sweep_both(const std::function<std::unique_ptr<scenario>()>& make) {
   CHECK(persistent > 0);
 }
 
+enum class segments { fixed, expandable };
+
+// A scenario under `budget` with the named policy.
+std::unique_ptr<scenario> under(std::size_t budget, segments kind, const char* policy,
+                                bool allow_spill = true) {
+  engine_options o;
+  o.budget = budget;
+  o.expandable_segments = kind == segments::expandable;
+  o.engine.policy = policy;
+  o.engine.allow_spill = allow_spill;
+  return std::make_unique<scenario>(o);
+}
+
 // 4 MiB blocks (the sources are 8 bytes short of them), spill-only sources.
 constexpr std::size_t k_source = 4 * MiB - 8;
 
 // Compaction's layout (test_engine_compaction): two 20 MiB segments under a 40 MiB budget; A
 // keeps one buffer, B two; a 12 MiB request fits in no hole.
 std::unique_ptr<scenario> compaction_layout() {
-  engine_options o;
-  o.budget = 40 * MiB;
-  o.engine.policy = "lru";
-  auto s = std::make_unique<scenario>(o);
+  auto s = under(40 * MiB, segments::fixed, "lru");
   std::vector<buffer_id> ids;
   for (int i = 0; i < 10; ++i) ids.push_back(s->g.source(k_source));
   for (int i : {0, 1, 3, 4, 5, 7, 9}) s->g.forget(ids[static_cast<std::size_t>(i)]);
@@ -260,11 +270,7 @@ std::unique_ptr<scenario> compaction_layout() {
 
 // Eight spill-only 1 MiB sources fill an 8 MiB budget (expandable segments: no fragmentation).
 std::unique_ptr<scenario> spill_layout(bool pin_spilled) {
-  engine_options o;
-  o.budget = 8 * MiB;
-  o.expandable_segments = true;
-  o.engine.policy = "lru";
-  auto s = std::make_unique<scenario>(o);
+  auto s = under(8 * MiB, segments::expandable, "lru");
   std::vector<buffer_id> ids;
   for (int i = 0; i < 8; ++i) ids.push_back(s->g.source(1 * MiB));
   if (pin_spilled) {
@@ -285,12 +291,7 @@ std::unique_ptr<scenario> spill_layout(bool pin_spilled) {
 // A chain x0 -> x1 -> ... -> x7 of 1 MiB buffers under an 8 MiB budget (expandable segments:
 // 2 MiB pages), drop-only.
 std::unique_ptr<scenario> chain_layout(bool pin_last) {
-  engine_options o;
-  o.budget = 8 * MiB;
-  o.expandable_segments = true;
-  o.engine.policy = "dtr";
-  o.engine.allow_spill = false;
-  auto s = std::make_unique<scenario>(o);
+  auto s = under(8 * MiB, segments::expandable, "dtr", /*allow_spill=*/false);
   std::vector<buffer_id> x{s->g.source(1 * MiB)};
   for (int i = 1; i < 8; ++i) x.push_back(s->g.node({x.back()}, {1 * MiB})[0]);
   if (pin_last) {
@@ -314,10 +315,7 @@ std::unique_ptr<scenario> chain_layout(bool pin_last) {
 // Lowering the budget below what is reserved: the engine evicts (spills the sources, drops the
 // chain's buffers) until the reservations fit, with PyTorch's segments.
 std::unique_ptr<scenario> budget_layout() {
-  engine_options o;
-  o.budget = 16 * MiB;
-  o.engine.policy = "dtr";
-  auto s = std::make_unique<scenario>(o);
+  auto s = under(16 * MiB, segments::fixed, "dtr");
   std::vector<buffer_id> x{s->g.source(1 * MiB)};
   for (int i = 0; i < 5; ++i) x.push_back(s->g.source(512 * KiB));
   for (int i = 1; i < 8; ++i) x.push_back(s->g.node({x.back()}, {1 * MiB})[0]);
@@ -332,11 +330,7 @@ std::unique_ptr<scenario> budget_layout() {
 // pin_all of buffers spilled and dropped, under pressure, after two steps whose reads the engine
 // recorded (next-use prediction on).
 std::unique_ptr<scenario> pin_all_layout() {
-  engine_options o;
-  o.budget = 8 * MiB;
-  o.expandable_segments = true;
-  o.engine.policy = "dtr";
-  auto s = std::make_unique<scenario>(o);
+  auto s = under(8 * MiB, segments::expandable, "dtr");
   std::vector<buffer_id> x{s->g.source(1 * MiB)};
   for (int i = 1; i < 6; ++i) x.push_back(s->g.node({x.back()}, {1 * MiB})[0]);
   for (int step = 0; step < 2; ++step) {
