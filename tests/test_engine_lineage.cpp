@@ -16,7 +16,8 @@
 // a recompute plan lets the outputs it holds for later nodes go when a node would not fit
 // otherwise; a recomputed output that lives on another stream than its node is ordered after the
 // node's stream (by an event, else by draining the node's stream), and stays dropped with a
-// device_error that says why when neither can be done. Pinning several buffers together: test_engine_pin_together.cpp.
+// device_error that says why when neither can be done. Pinning several buffers together:
+// test_engine_pin_together.cpp.
 #include <doctest/doctest.h>
 
 #include <optional>
@@ -272,7 +273,8 @@ TEST_CASE("a recomputed output on another stream is ordered after the node, or s
     faults->armed = true;
     faults->sync_too = true;
     CHECK_THROWS_WITH_AS(env.eng().pin(ys[1]),
-                         doctest::Contains("output 1 cannot be ordered for its stream"), device_error);
+                         doctest::Contains("output 1 cannot be ordered for its stream"),
+                         device_error);
     faults->armed = false;
     CHECK(faults->failed == 2);
     CHECK(env.eng().state(ys[1]) == buffer_state::dropped);

@@ -12,12 +12,15 @@
 // - the allocator's blocks tile its segments and its statistics match its snapshot;
 // - every registered buffer pins (restored or recomputed if it was evicted) and holds its bytes;
 //   no kernel saw a wrong input;
-// - no device block leaked: with every buffer forgotten, nothing is allocated; no host memory
-//   leaked (the ASan build runs this test under LeakSanitizer).
+// - every resident buffer is still a candidate for eviction;
+// - no device block leaked: with every buffer forgotten, nothing is allocated and a release gives
+//   every segment back; no host memory leaked (the ASan build runs this test under
+//   LeakSanitizer).
 //
 // The operations: an allocation over budget served by compaction (Note [Compaction]), one served
 // by spilling (no lineage), one served by dropping; pinning a buffer whose lineage was dropped
-// (recursive recompute under pressure); restoring a spilled buffer under pressure; lowering the
+// (recursive recompute under pressure); rebuilding a node whose other outputs are resident;
+// restoring a spilled buffer under pressure; lowering the
 // budget below what is reserved; pinning spilled and dropped buffers together with next-use
 // prediction, then a prefetch; the allocator alone with expandable segments (pages mapped, a
 // cross-stream free, a release); registering a buffer and adding a node.
@@ -176,6 +179,12 @@ void check_intact(scenario& s, const std::string& run) {
   const memory_snapshot snap = s.env.alloc->snapshot();
   check_snapshot_invariants(snap);
   check_stats_match_snapshot(s.env.alloc->stats(), snap);
+  // Every resident buffer can be evicted again: none fell out of the candidates.
+  for (const lineage_graph::buffer_record& b : s.g.buffers()) {
+    if (s.env.eng().state(b.id) != buffer_state::resident) continue;
+    CHECK_MESSAGE(s.env.eng().describe_candidate(b.id).has_value(),
+                  "buffer " << b.id.value << " is resident but not a candidate");
+  }
   for (const lineage_graph::buffer_record& b : s.g.buffers()) {
     pinned_buffer p = s.env.eng().pin(b.id);
     s.env.sim->synchronize_stream(b.stream);
@@ -184,10 +193,13 @@ void check_intact(scenario& s, const std::string& run) {
   }
   s.env.sim->run_until_idle();
   for (const std::string& f : s.env.log.failures()) FAIL_CHECK("kernel: " << f);
-  // No device block leaked: with every buffer forgotten, nothing is allocated.
+  // No device block leaked: with every buffer forgotten, nothing is allocated, and a release
+  // gives every segment back (no free waits on an event forever).
   s.g.forget_all();
   s.env.sim->run_until_idle();
   CHECK(s.env.allocated_bytes() == 0);
+  (void)s.env.alloc->empty_cache();
+  CHECK(s.env.alloc->stats().reserved_bytes[0].current == 0);
 }
 
 // Runs `operation` on a fresh state from `make`, failing the k-th host allocation, for every k
@@ -312,6 +324,31 @@ std::unique_ptr<scenario> chain_layout(bool pin_last) {
   return s;
 }
 
+// A node with three outputs: one dropped, two resident (one of them on another stream), rebuilt
+// by pinning the dropped one; the candidates' list is filled to its capacity first, so that
+// putting the siblings back needs room reserved before the node runs.
+std::unique_ptr<scenario> siblings_layout() {
+  engine_options o;
+  o.streams = 1;
+  auto s = std::make_unique<scenario>(o);
+  const buffer_id x = s->g.source(64 * KiB);
+  const std::vector<buffer_id> ys =
+      s->g.node({x}, {64 * KiB, 32 * KiB, 16 * KiB}, {}, 1000, {}, {{}, {}, s->env.stream(0)});
+  // 16 candidates (the list's capacity as it grows by doubling), then y0 dropped and one more
+  // source: the list is full when the node runs.
+  for (std::size_t n = 4; n < 16; ++n) s->g.source(8 * KiB);
+  s->env.sim->run_until_idle();
+  drop(s->env.eng(), ys[0]);
+  s->g.source(8 * KiB);
+  s->env.sim->run_until_idle();
+  s->operation = [y = ys[0]](scenario& t) { pinned_buffer p = t.env.eng().pin(y); };
+  s->did = [ys](scenario& t) {
+    return t.env.eng().stats().recomputes == 1 &&
+           t.env.eng().describe_candidate(ys[1]).has_value();
+  };
+  return s;
+}
+
 // Lowering the budget below what is reserved: the engine evicts (spills the sources, drops the
 // chain's buffers) until the reservations fit, with PyTorch's segments.
 std::unique_ptr<scenario> budget_layout() {
@@ -420,6 +457,10 @@ TEST_CASE("host out of memory: an allocation served by dropping") {
 
 TEST_CASE("host out of memory: a recursive recompute under pressure") {
   sweep_both([] { return chain_layout(true); });
+}
+
+TEST_CASE("host out of memory: a node rebuilt while its other outputs are resident") {
+  sweep_both(siblings_layout);
 }
 
 TEST_CASE("host out of memory: lowering the budget below what is reserved") {

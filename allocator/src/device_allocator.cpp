@@ -242,20 +242,15 @@ void device_allocator::impl::defer_free_locked(block* b) noexcept {
   b->status = block_status::pending_free;
   ++b->seg->pending_blocks;
   for (stream_ref s : b->stream_uses) {
+    event_ref e{};  // taken and not yet queued: given back if a later step throws
     try {
-      event_ref e;
       if (idle_events.empty()) {
         e = backend->create_event();
       } else {
         e = idle_events.back();
         idle_events.pop_back();
       }
-      try {
-        backend->record_event(e, s);
-      } catch (...) {
-        idle_events.push_back(e);
-        throw;
-      }
+      backend->record_event(e, s);
       auto it = std::find_if(pending.begin(), pending.end(),
                              [s](const auto& q) { return q.first == s; });
       if (it == pending.end()) it = pending.insert(pending.end(), {s, {}});
@@ -263,6 +258,13 @@ void device_allocator::impl::defer_free_locked(block* b) noexcept {
       ++b->pending_events;
       ++pending_count;
     } catch (const std::exception& error) {
+      if (e.value != 0) {
+        try {
+          idle_events.push_back(e);  // a recorded event is reused as well: a record replaces it
+        } catch (...) {
+          backend->destroy_event(e);
+        }
+      }
       // No event: wait for the stream instead. If even that fails the block is leaked, never
       // reused early: losing memory is better than corrupting data.
       try {

@@ -113,9 +113,13 @@ std::size_t device_allocator::impl::reap_completed_events_locked() {
     // Events on one stream complete in order: stop at the first that has not.
     while (!queue.empty() && backend->event_completed(queue.front().event)) {
       const pending_event pe = queue.front();
+      try {
+        idle_events.push_back(pe.event);  // kept for reuse: the only step that may throw
+      } catch (...) {
+        backend->destroy_event(pe.event);  // no host memory to keep it: the block still frees
+      }
       queue.pop_front();
       --pending_count;
-      idle_events.push_back(pe.event);
       if (--pe.blk->pending_events == 0) {
         free_block_locked(pe.blk);
         ++freed;

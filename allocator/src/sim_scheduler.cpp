@@ -363,9 +363,9 @@ void sim_scheduler::finish_kernel(const timed& t) {
   stream& s = streams_.at(t.stream);  // not erased: its ops still hold this kernel
   ++counters_.kernels;
   pop_head(t.stream, s);
+  effect_done_.notify_all();  // first: the waiters wake even if starting the next op throws
   try_start(t.stream, s, t.end);
   sweep_destroyed();
-  effect_done_.notify_all();
 }
 
 void sim_scheduler::complete_until_releasing_lock(lock_type& lock, std::uint64_t limit) {

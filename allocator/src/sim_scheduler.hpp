@@ -29,8 +29,8 @@
 //   kernel whose effect is running on this very thread) throws std::logic_error before anything
 //   runs, where it can be seen from the queued work.
 // - Out of host memory (std::bad_alloc from the scheduler's own lists): an enqueue that throws
-//   leaves its stream as it was. One thrown while work completes propagates out of the call that
-//   ran it and may leave a stream stalled for good (a kernel's effect not run, a waiter not
+//   leaves its stream as it was. Elsewhere (completing work, hold, release) it propagates out of
+//   the call and may leave a stream stalled for good (a kernel's effect not run, a waiter not
 //   woken): a wait on that stream then throws the logic_error above rather than hanging.
 #pragma once
 

@@ -263,6 +263,7 @@ buffer_id eviction_engine::register_buffer(void* ptr, std::size_t size, stream_r
   e->mode = options.mode;
   e->last_access_ns = m.now();
   try {
+    m.candidates.reserve_total(m.buffers.slots());  // a slot for every buffer record
     if (producer != nullptr) m.attach_output_locked(*e, *producer, options.output_index);
     // Used on another stream than the one it was allocated on: its free waits for that stream.
     if (info.stream != stream) m.allocator.record_stream(ptr, stream);

@@ -187,7 +187,21 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
     result.pinned = stats.pinned_bytes;
     return result;
   }
-  std::vector<buffer_entry*> skipped;  // could not be evicted now; candidates again afterwards
+  // Could not be evicted now: candidates again afterwards, however the loop ends (out of host
+  // memory in a policy, say). Their slots in the candidates stay reserved, so that cannot throw.
+  std::vector<buffer_entry*> skipped;
+  struct restore_skipped {
+    impl& m;
+    std::vector<buffer_entry*>& list;
+    ~restore_skipped() {
+      for (buffer_entry* e : list) {
+        try {
+          m.update_candidacy_locked(*e);
+        } catch (...) {
+        }
+      }
+    }
+  } restore{*this, skipped};
   const std::size_t enough = std::max(request.bytes, request.shortfall);
   std::size_t evicted = 0;  // result.freed counts the blocks moved out too, which free nothing
   const engine_candidate_view view(*this, now());
@@ -211,8 +225,8 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
     const std::size_t releasable =
         request.shortfall > 0 ? allocator.releasable_if_freed(victim->device_ptr) : 0;
     if (!evict_locked(*victim, victim->mode)) {
+      skipped.push_back(victim);  // may throw: while it is still a candidate
       if (candidates.contains(*victim)) candidates.erase(*victim);
-      skipped.push_back(victim);
       continue;
     }
     result.freed += victim->size;
@@ -222,7 +236,6 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
     if (request.shortfall > 0 && released >= request.shortfall) break;
     if (evicted >= enough) break;
   }
-  for (buffer_entry* e : skipped) update_candidacy_locked(*e);
   result.pinned = stats.pinned_bytes;
   return result;
 }
@@ -230,6 +243,18 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
 // Evicts one resident, unpinned buffer by the cost model's choice; false if neither way works.
 bool eviction_engine::impl::evict_locked(buffer_entry& e, eviction_mode mode) {
   if (candidates.contains(e)) candidates.erase(e);
+  // However this ends (evicted, refused, or out of host memory), e is a candidate again exactly
+  // when it is still resident and unpinned. Its slot stays reserved: that cannot throw.
+  struct recandidate {
+    impl& m;
+    buffer_entry& e;
+    ~recandidate() {
+      try {
+        m.update_candidacy_locked(e);
+      } catch (...) {
+      }
+    }
+  } guard{*this, e};
   const bool can_drop = can_drop_locked(e) && mode != eviction_mode::spill;
   const bool can_spill = config.allow_spill && e.mode != eviction_mode::drop &&
                          mode != eviction_mode::drop;
@@ -248,10 +273,7 @@ bool eviction_engine::impl::evict_locked(buffer_entry& e, eviction_mode mode) {
     drop_locked(e);
     done = true;
   }
-  if (!done) {
-    update_candidacy_locked(e);
-    return false;
-  }
+  if (!done) return false;
   ++stats.evictions;
   return true;
 }

@@ -299,8 +299,9 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
   }
 
   // 3. What may fail is done before the call: every fresh block is known by its pointer and
-  //    recorded for the stream its output lives on. After the call nothing may fail half-way,
-  //    since the queued compute writes every output.
+  //    recorded for the stream its output lives on (the candidates have a slot for every
+  //    registered buffer). After the call nothing may fail half-way, since the queued compute
+  //    writes every output.
   std::size_t known = 0;  // fresh outputs entered in by_pointer
   const auto undo = [&] {
     for (std::size_t k = 0; k < fresh.size(); ++k) {
@@ -393,7 +394,7 @@ std::string eviction_engine::impl::order_output_locked(buffer_entry& out,
       return "?";  // no memory for the message either: empty would mean success
     }
   } catch (...) {
-    return "an exception that is not a std::exception";
+    return "unknown error";  // short: no host memory needed for it
   }
 }
 

@@ -17,6 +17,8 @@
 
 #include <boost/intrusive/list.hpp>
 #include <boost/intrusive/set.hpp>
+
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -180,6 +182,8 @@ class slot_arena {
     ++e.generation;
     free_.push_back(slot);
   }
+  // Records ever made and not freed for good: at least the records in use.
+  std::size_t slots() const noexcept { return slots_.size(); }
   template <class F>
   void for_each(F&& f) {
     for (auto& e : slots_) {
@@ -218,6 +222,12 @@ class candidate_set {
 
   bool contains(const buffer_entry& e) const noexcept { return e.candidate_index != buffer_entry::no_index; }
 
+  // Room for n candidates in all (grown geometrically): while at most n buffer records exist,
+  // no insert throws, so that paths that cannot fail (an unpin, a recompute's last step, an
+  // eviction given up) can make a buffer a candidate again.
+  void reserve_total(std::size_t n) {
+    if (n > all_.capacity()) all_.reserve(std::max(n, 2 * all_.capacity()));
+  }
   // Adds as the most recently used; r.entry == &e.
   void insert(buffer_entry& e, const candidate_record& r, double cost_per_byte) {
     all_.push_back(r);  // the only step that may allocate: done first

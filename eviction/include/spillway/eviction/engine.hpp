@@ -19,9 +19,9 @@
 // - Recompute is recursive: dropped inputs are rematerialised first and stay pinned while the node
 //   runs (planned first, then run node after node: no stack per level). Cycles and lineage deeper
 //   than max_recompute_depth fail with std::logic_error naming the nodes, before anything changes.
-//   A pin whose recomputes pass max_recompute_factor times the lineage's whole cost is thrashing
-//   (what it rebuilds is evicted again to make room for the rest): it fails with out_of_memory,
-//   every buffer consistent and whole, as when an allocation fails.
+//   A pin whose recomputes pass max_recompute_factor times the lineage's whole cost (or number of
+//   nodes) is thrashing (what it rebuilds is evicted again to make room for the rest): it fails
+//   with out_of_memory, every buffer consistent and whole, as when an allocation fails.
 // - Work queued on the stream given to pin(id, use) is ordered with the buffer's own: its block is
 //   not freed or reused, nor spilled, before that work has run.
 // - Errors: misuse (unknown or forgotten id, unpin without pin, forget while pinned, registering a
@@ -58,8 +58,9 @@ struct engine_config {
   link_bandwidth bandwidth{};
   std::size_t max_recompute_depth = 10000;     // lineage depth before runaway recursion is declared
   // Thrashing: one pin or pin_all may recompute nodes costing at most this many times the cost of
-  // every live lineage node once; past it, it fails with out_of_memory instead of going on
-  // (Note [Thrashing bound]). 0: no bound. Must be finite and >= 0.
+  // every live lineage node once, and run at most this many times their number; past either, it
+  // fails with out_of_memory instead of going on (Note [Thrashing bound]). 0: no bound. Must be
+  // finite and >= 0.
   double max_recompute_factor = 8;
   bool allow_spill = true;
   bool allow_drop = true;
