@@ -271,6 +271,18 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
     }
   } scratch_guard{allocator, scratch};
   std::vector<buffer_entry*> fresh(n.outputs.size(), nullptr);
+  // On failure before the node's work is queued: the fresh blocks go back (and out of by_pointer,
+  // where step 3 may have entered them), the outputs are candidates again as they were.
+  const auto give_back = [&] {
+    for (std::size_t k = 0; k < fresh.size(); ++k) {
+      if (fresh[k] == nullptr) continue;
+      by_pointer.erase(output_ptrs[k]);  // a fresh block: no other buffer has its pointer
+      allocator.deallocate(output_ptrs[k]);
+    }
+    for (buffer_entry* out : n.outputs) {
+      if (out != nullptr) update_candidacy_locked(*out);
+    }
+  };
   try {
     for (std::size_t k = 0; k < n.outputs.size(); ++k) {
       buffer_entry* out = n.outputs[k];
@@ -289,44 +301,24 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
       }
     }
   } catch (...) {
-    for (std::size_t k = 0; k < fresh.size(); ++k) {
-      if (fresh[k] != nullptr) allocator.deallocate(output_ptrs[k]);
-    }
-    for (buffer_entry* out : n.outputs) {
-      if (out != nullptr) update_candidacy_locked(*out);
-    }
+    give_back();
     throw;
   }
 
   // 3. What may fail is done before the call: every fresh block is known by its pointer and
   //    recorded for the stream its output lives on (the candidates have a slot for every
-  //    registered buffer). After the call nothing may fail half-way, since the queued compute
+  //    buffer record). After the call nothing may fail half-way, since the queued compute
   //    writes every output.
-  std::size_t known = 0;  // fresh outputs entered in by_pointer
-  const auto undo = [&] {
-    for (std::size_t k = 0; k < fresh.size(); ++k) {
-      if (fresh[k] == nullptr) continue;
-      if (known > 0) {
-        by_pointer.erase(output_ptrs[k]);
-        --known;
-      }
-      allocator.deallocate(output_ptrs[k]);
-    }
-    for (buffer_entry* out : n.outputs) {
-      if (out != nullptr) update_candidacy_locked(*out);
-    }
-  };
   try {
     for (std::size_t k = 0; k < fresh.size(); ++k) {
       buffer_entry* out = fresh[k];
       if (out == nullptr) continue;
       by_pointer.emplace(output_ptrs[k], out);
-      ++known;
       if (out->stream != n.stream) allocator.record_stream(output_ptrs[k], out->stream);
     }
     n.desc.compute(input_ptrs, output_ptrs, n.stream);
   } catch (...) {
-    undo();
+    give_back();
     throw;
   }
   ++stats.recomputes;
