@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """torch_alloc_bench: alloc+free pairs through PyTorch, PyTorch's caching allocator against spillway's.
 
-NEVER RUN ON A GPU YET: without a CUDA device it prints "SKIPPED: no CUDA device" and exits 0, and
-no figure of it exists. It complements build/bench/spillway-alloc-bench, which times spillway's C++
+First run on a GPU on 2026-11-26 (NVIDIA H200; bench/results/gpu-2026-11-26-h200/). Without a
+CUDA device it prints "SKIPPED: no CUDA device" and exits 0. It complements build/bench/spillway-alloc-bench, which times spillway's C++
 allocator against cudaMalloc, cudaMallocAsync and CUB from C++; this one times what a PyTorch
 program pays, through torch's own calls, with each allocator installed the way a user installs it.
 
@@ -364,7 +364,7 @@ def main(argv=None):
     if a.cpu_harness:
         device, subjects = "cpu", ["native-torch"]
     elif not cuda_available():
-        print("SKIPPED: no CUDA device (torch_alloc_bench times CUDA allocators; it has never run on a GPU)")
+        print("SKIPPED: no CUDA device (torch_alloc_bench times CUDA allocators)")
         if a.json:
             write_json(a.json, {"tool": "torch_alloc_bench", "skipped": "no CUDA device", "commit": git_commit()})
         return 0
@@ -379,9 +379,7 @@ def main(argv=None):
         print(f"torch_alloc_bench: {subject} done", file=sys.stderr)
     print_table(records)
     if a.json:
-        write_json(a.json, {"tool": "torch_alloc_bench", "note": "torch_alloc_bench.py had never run on a GPU "
-                            "before this version; check a first GPU run's figures before quoting them",
-                            "device": sorted(devices), "host": platform.node(), "commit": git_commit(),
+        write_json(a.json, {"tool": "torch_alloc_bench", "device": sorted(devices), "host": platform.node(), "commit": git_commit(),
                             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "bytes": BYTES,
                             "batches": a.batches, "pairs": a.pairs, "threads": a.threads,
                             "cpu_harness": a.cpu_harness, "results": records})

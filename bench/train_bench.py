@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """train_bench: training under a GPU memory budget, spillway against PyTorch's ways of saving memory.
 
-NEVER RUN ON A GPU YET. Every mode below except --smoke needs a CUDA device; the only runs made so
-far are --smoke (CPU) and --list. No figure this script prints has been measured on a GPU.
+First run on a GPU on 2026-11-26 (NVIDIA H200; bench/results/gpu-2026-11-26-h200/): the budget
+suite for ResNet-50 and GPT-2 medium at 100/50/30% (cut short by the lease), the copy limit of
+--spill-bandwidth. --max-batch has not run on a GPU yet.
 
     python3 bench/train_bench.py --json out/train_bench.json            # the budget suite (GPU)
     python3 bench/train_bench.py --max-batch --models resnet50 --memory 11GiB --json out/maxb.json
@@ -114,8 +115,11 @@ def run_subprocess(spec, timeout):
     """Runs `--worker spec` in a fresh interpreter; returns its result, or a status record."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
     start = time.perf_counter()
+    # A worker killed by a signal (SIGSEGV) prints nothing by itself: faulthandler writes the
+    # Python stack of every thread to stderr first, which the record keeps (stderr_tail).
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         tail = (e.stderr or b"")[-2000:]
         tail = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
@@ -194,8 +198,6 @@ class Document:
     def __init__(self, path, mode, argv, meta, resume):
         self.path = path
         self.data = {"tool": "train_bench", "mode": mode, "argv": argv,
-                     "note": "train_bench.py had never run on a GPU before this version; check a first "
-                             "GPU run's figures before quoting them",
                      "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": git_commit(),
                      "environment": meta, "results": []}
         self.previous = {}

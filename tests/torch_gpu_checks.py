@@ -68,11 +68,14 @@ COMMON = textwrap.dedent("""
 
 
 def run(code, env=None, timeout=1800):
-    e = dict(os.environ)
+    # faulthandler: a case killed by a signal still leaves the Python stack of every thread in its
+    # stderr; the exit status is added to it (a negative status is the signal's number).
+    e = dict(os.environ, PYTHONFAULTHANDLER="1")
     e.update(env or {})
     p = subprocess.run([sys.executable, "-c", COMMON + textwrap.dedent(code)], env=e,
                        capture_output=True, text=True, timeout=timeout)
-    return p.returncode, p.stdout, p.stderr
+    err = p.stderr if p.returncode == 0 else f"{p.stderr}\n(exit status {p.returncode})"
+    return p.returncode, p.stdout, err
 
 
 def case_identical(tmp):
