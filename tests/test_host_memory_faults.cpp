@@ -20,10 +20,10 @@
 // The operations: an allocation over budget served by compaction (Note [Compaction]), one served
 // by spilling (no lineage), one served by dropping; pinning a buffer whose lineage was dropped
 // (recursive recompute under pressure); rebuilding a node whose other outputs are resident;
-// restoring a spilled buffer under pressure; lowering the
-// budget below what is reserved; pinning spilled and dropped buffers together with next-use
-// prediction, then a prefetch; the allocator alone with expandable segments (pages mapped, a
-// cross-stream free, a release); registering a buffer and adding a node.
+// restoring a spilled buffer under pressure; lowering the budget below what is reserved; pinning
+// spilled and dropped buffers together with next-use prediction, then a prefetch; the allocator
+// alone with expandable segments (pages mapped, a cross-stream free, a release); registering a
+// buffer, adding a node, setting and removing it; explicit evictions, a step boundary and forget.
 //
 // The simulated device is shielded from the failures in those runs: it stands for the CUDA runtime,
 // whose failures are the device and copy faults the sim injects (test_fault_injection). Its own
@@ -437,6 +437,32 @@ std::unique_ptr<scenario> register_layout() {
   return s;
 }
 
+// Explicit evictions (one spill, one drop), a step boundary with next-use prediction on, and
+// forgetting a buffer, on a roomy device after one recorded step.
+std::unique_ptr<scenario> evict_forget_layout() {
+  auto s = std::make_unique<scenario>(engine_options{});  // predict_next_use is on by default
+  std::vector<buffer_id> x{s->g.source(1 * MiB)};
+  for (int i = 1; i < 4; ++i) x.push_back(s->g.node({x.back()}, {1 * MiB})[0]);
+  s->env.eng().begin_step();
+  for (const buffer_id id : x) pinned_buffer p = s->env.eng().pin(id);
+  void* extra = s->env.alloc->allocate(64 * KiB);
+  s->held.push_back(extra);
+  s->registered.push_back(s->env.eng().register_buffer(extra, 64 * KiB, {}));
+  s->operation = [x](scenario& t) {
+    (void)t.env.eng().evict(x[1], eviction_mode::spill);
+    (void)t.env.eng().evict(x[2], eviction_mode::drop);
+    t.env.eng().begin_step();
+    t.env.eng().forget(t.registered.back());
+    t.registered.pop_back();
+  };
+  s->did = [x](scenario& t) {
+    const buffer_state spilled = t.env.eng().state(x[1]);  // its copy may still be in flight
+    return (spilled == buffer_state::spilling || spilled == buffer_state::spilled) &&
+           t.env.eng().state(x[2]) == buffer_state::dropped && t.registered.empty();
+  };
+  return s;
+}
+
 }  // namespace
 
 TEST_CASE("host out of memory: an allocation served by compaction") {
@@ -477,6 +503,10 @@ TEST_CASE("host out of memory: the allocator alone, expandable segments, a cross
 
 TEST_CASE("host out of memory: registering a buffer and adding a node") {
   sweep_both(register_layout);
+}
+
+TEST_CASE("host out of memory: explicit evictions, a step boundary and forget") {
+  sweep_both(evict_forget_layout);
 }
 
 TEST_CASE("host out of memory in the simulated device: a failed enqueue leaves its stream as is") {
