@@ -333,7 +333,7 @@ def parse_cases(text):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="alloc+free pairs through PyTorch: its caching allocator "
-                                            "against spillway's. Never run on a GPU yet.")
+                                            "against spillway's.")
     p.add_argument("--subjects", default=",".join(DEFAULT_SUBJECTS),
                    help=f"comma-separated, from {', '.join(SUBJECTS)} (default: %(default)s)")
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated (default: all)")

@@ -100,8 +100,7 @@ def positive_int(name, value, minimum=1):
 def build_parser():
     p = argparse.ArgumentParser(
         description="Training under a memory budget: spillway against PyTorch's native allocator, "
-                    "torch.utils.checkpoint, save_on_cpu and torch.compile's activation budget. "
-                    "Never run on a GPU yet.",
+                    "torch.utils.checkpoint, save_on_cpu and torch.compile's activation budget.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--smoke", action="store_true", help="CPU harness check with a tiny MLP (< 1 min)")
