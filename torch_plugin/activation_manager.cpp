@@ -247,14 +247,16 @@ at::Tensor activation_manager::unpack(const saved& handle) {
   entry& e = *handle.entry_;
   make_resident(e);
   e.last_use = now_seconds();
+  // A fresh alias: while autograd uses it the storage's use count exceeds the manager's aliases,
+  // so the storage cannot be evicted under the running backward node. Taken before the prefetch:
+  // its allocations may call the pressure handler, which would otherwise see this storage
+  // resident and unused, evict it, and hand autograd a tensor without memory.
+  at::Tensor used = handle.alias_.detach();
   prefetch_before(e.seq);
   if (e.copy) {  // a copy back (prefetched or not) still in flight
     c10::cuda::getCurrentCUDAStream(e.device.index()).unwrap().wait(*e.copy);
     e.copy.reset();
   }
-  // A fresh alias: while autograd uses it the storage's use count exceeds the manager's aliases,
-  // so the storage cannot be evicted under the running backward node.
-  at::Tensor used = handle.alias_.detach();
   enforce_max_resident();
   return used;
 }
@@ -330,7 +332,12 @@ std::pair<std::size_t, std::size_t> activation_manager::evict(std::size_t wanted
   }
   std::size_t freed = 0;
   const double now = now_seconds();
-  while (freed < wanted && !candidates.empty()) freed += evict_one(*choose(candidates, now));
+  while (freed < wanted && !candidates.empty()) {
+    // Checked again: an eviction's own allocations (a spill's host copy on the CPU) may run the
+    // pressure handler, which evicts from the same entries on this thread.
+    entry& victim = *choose(candidates, now);
+    if (evictable(victim)) freed += evict_one(victim);
+  }
   std::size_t pinned = 0;
   for (auto& [key, e] : entries_) {
     if (e->state == entry_state::resident && !evictable(*e)) pinned += e->nbytes;
@@ -452,7 +459,15 @@ void activation_manager::prefetch_before(std::uint64_t seq) {
     next.push_back((--it)->second);
   }
   for (entry* e : next) {
-    copy_in(*e);
+    // A prefetch is only ahead of time: out of memory for it (the budget full of what backward
+    // uses now) stops prefetching, and the entry is copied back when it is unpacked.
+    try {
+      copy_in(*e);
+    } catch (const c10::OutOfMemoryError&) {
+      return;
+    } catch (const out_of_memory&) {
+      return;
+    }
     ++counters_.prefetches;
   }
 }

@@ -24,7 +24,9 @@
 //   saved, matched by save order. A replay that saves tensors of other sizes fails with
 //   std::runtime_error ("not deterministic"), changing nothing.
 // - After each unpack the next `prefetch` spilled storages in backward order (reverse pack order)
-//   start copying back, so that copies overlap compute.
+//   start copying back, so that copies overlap compute. The unpacked storage is already held by
+//   the returned alias then, so a prefetch's allocation under pressure cannot evict it; a
+//   prefetch out of memory stops prefetching (the entry is restored when it is unpacked).
 // - Pressure: whenever the resident bytes of evictable saved storages (those only the manager
 //   holds) exceed max_resident (at every pack and unpack, and when a scope ends), and, when constructed with a plugin_allocator, whenever one of its
 //   allocations does not fit the budget (a pressure handler; a manager busy on another thread

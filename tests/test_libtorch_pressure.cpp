@@ -1,0 +1,280 @@
+// test_libtorch_pressure: activation_manager under its allocator's pressure, with tensors that the
+// budgeted allocator itself allocated, on the CPU.
+//
+// The other activation tests use torch's own CPU allocator, so an eviction there never frees
+// spillway memory, and no allocation ever calls the manager back. On a GPU with spillway
+// installed both happen all the time: any allocation over the budget (an operator's output, a
+// restore's block, a replay's tensors) runs the manager's pressure handler on the allocating
+// thread, and a drop frees its block re-entrantly while the allocator's slow path is in progress.
+// Here torch's CPU allocator is replaced, for the duration of a case, by one over a spillway
+// plugin_allocator on the simulated device (real host bytes) with a budget, and the manager is
+// made with that plugin_allocator as its pressure source. So every CPU tensor is spillway memory.
+//
+// Proves that a model trained with checkpoint segments at 70%, 50% and 30% of its unconstrained
+// peak, in spill, drop and hybrid mode, gives a loss and gradients bit-identical to an
+// unconstrained run (or fails cleanly out of memory, never at 70%, nor at 50% when spilling),
+// that the allocator did evict through the manager, and that every byte is given back
+// afterwards; and that an unpack whose prefetch runs the pressure handler never gets its own
+// storage evicted (it was: autograd got a tensor without memory).
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+#undef CHECK
+#undef CHECK_EQ
+#undef CHECK_NE
+#undef CHECK_LT
+#undef CHECK_LE
+#undef CHECK_GT
+#undef CHECK_GE
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config_string.hpp"
+#include "libtorch_activations.hpp"
+#include "plugin_backends.hpp"
+#include "spillway/errors.hpp"
+
+using namespace spillway;
+using namespace spillway::torch_plugin;
+
+namespace {
+
+// torch's CPU allocator, served by a plugin_allocator on the simulated device. Installed by
+// budgeted_cpu below; the deleter finds the plugin_allocator through `serving`.
+plugin_allocator* serving = nullptr;
+
+void free_spillway_cpu(void* ptr) {
+  if (ptr != nullptr) (void)serving->deallocate(ptr);
+}
+
+class spillway_cpu_allocator final : public c10::Allocator {
+ public:
+  explicit spillway_cpu_allocator(plugin_allocator& devices) : devices_(devices) {}
+  c10::DataPtr allocate(std::size_t nbytes) override {
+    // An allocation made while one of ours is in progress on this thread comes from a pressure
+    // handler: a spill's host copy. On a GPU that is pinned host memory, outside the budget.
+    if (depth > 0) return c10::GetDefaultCPUAllocator()->allocate(nbytes);
+    ++depth;
+    void* ptr = nullptr;
+    try {
+      ptr = devices_.allocate(0, nbytes, stream_ref{});
+    } catch (const out_of_memory& e) {
+      --depth;
+      TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+    } catch (...) {
+      --depth;
+      throw;
+    }
+    --depth;
+    return {ptr, ptr, &free_spillway_cpu, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_spillway_cpu; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+
+ private:
+  static inline thread_local int depth = 0;
+  plugin_allocator& devices_;
+};
+
+// Within its lifetime, every CPU tensor torch allocates is memory of `devices` (device 0). The
+// previous allocator comes back at the end; priorities only grow, so each scope takes a new one.
+class budgeted_cpu {
+ public:
+  explicit budgeted_cpu(std::size_t budget)
+      : devices_(make_plugin_allocator(parse_config("backend:sim,sim_capacity:1GiB"), {})),
+        allocator_(*devices_),
+        previous_(c10::GetCPUAllocator()) {
+    devices_->device(0).set_budget(budget);
+    serving = devices_.get();
+    c10::SetCPUAllocator(&allocator_, ++priority);
+  }
+  ~budgeted_cpu() {
+    c10::SetCPUAllocator(previous_, ++priority);
+    // Every tensor of the case is gone: nothing of this allocator may still be live.
+    CHECK(devices_->device(0).stats().allocated_bytes[0].current == 0);
+    serving = nullptr;
+  }
+  budgeted_cpu(const budgeted_cpu&) = delete;
+  budgeted_cpu& operator=(const budgeted_cpu&) = delete;
+
+  plugin_allocator& devices() { return *devices_; }
+  std::size_t peak_reserved() { return devices_->device(0).stats().reserved_bytes[0].peak; }
+
+ private:
+  static inline std::uint8_t priority = 100;
+  std::unique_ptr<plugin_allocator> devices_;
+  spillway_cpu_allocator allocator_;
+  c10::Allocator* previous_;
+};
+
+// Six layers of 4 MiB activations in three checkpoint segments, with dropout (the replay must
+// reproduce the RNG) and in-place state (kept once).
+struct model {
+  std::vector<at::Tensor> weights, biases;
+  at::Tensor running;
+
+  model() {
+    at::manual_seed(0);
+    for (int i = 0; i < 6; ++i) {
+      weights.push_back((at::randn({256, 256}) * 0.08).requires_grad_());
+      biases.push_back(at::zeros({256}).requires_grad_());
+    }
+    running = at::zeros({256});
+  }
+  at::Tensor layer(int i, const at::Tensor& x) const {
+    at::Tensor h = at::gelu(at::linear(x, weights[i], biases[i]));
+    if (i == 2) {
+      at::NoGradGuard no_grad;
+      running.mul_(0.9).add_(h.detach().mean(0), 0.1);
+    }
+    return at::dropout(h, 0.1, /*train=*/true);
+  }
+  at::Tensor forward(const at::Tensor& x) const {
+    at::Tensor h = x;
+    for (int s = 0; s < 3; ++s) {
+      h = checkpoint([this, s](const std::vector<at::Tensor>& in) {
+            return layer(2 * s + 1, layer(2 * s, in[0]));
+          },
+                     {h}, {running});
+    }
+    return h;
+  }
+};
+
+// Bytes copied out to plain host memory, so that they outlive the budgeted allocator.
+using bytes = std::vector<unsigned char>;
+bytes copy_out(const at::Tensor& t) {
+  at::Tensor c = t.detach().contiguous();
+  bytes out(c.nbytes());
+  std::memcpy(out.data(), c.data_ptr(), out.size());
+  return out;
+}
+
+struct result {
+  bytes loss, running;
+  std::vector<bytes> grads;
+  activation_stats stats;
+  std::size_t peak = 0;
+};
+
+// Two training steps (the second starts with a warm cache); the result is the second's.
+result train(std::optional<std::size_t> budget, activation_mode mode) {
+  budgeted_cpu cpu(budget.value_or(unlimited_budget));
+  result out;
+  {
+    model m;
+    at::Tensor x = at::randn({4096, 256});
+    activation_options options;
+    options.mode = mode;
+    auto manager = activation_manager::make(options, &cpu.devices());
+    at::Tensor loss;
+    for (int step = 0; step < 2; ++step) {
+      for (auto& w : m.weights) w.mutable_grad().reset();
+      for (auto& b : m.biases) b.mutable_grad().reset();
+      at::manual_seed(42 + step);
+      {
+        activation_scope scope(manager);
+        loss = m.forward(x).square().mean();
+      }
+      loss.backward();
+    }
+    out.stats = manager->stats();
+    manager->close();
+    out.loss = copy_out(loss);
+    out.running = copy_out(m.running);
+    for (auto& w : m.weights) out.grads.push_back(copy_out(w.grad()));
+    for (auto& b : m.biases) out.grads.push_back(copy_out(b.grad()));
+  }
+  out.peak = cpu.peak_reserved();
+  return out;
+}
+
+std::string mode_name(activation_mode mode) {
+  switch (mode) {
+    case activation_mode::spill: return "spill";
+    case activation_mode::drop: return "drop";
+    case activation_mode::hybrid: return "hybrid";
+  }
+  return "?";
+}
+
+}  // namespace
+
+TEST_CASE("under the allocator's own pressure, training is bit-identical in every mode") {
+  enable_libtorch_hooks();
+  const result reference = train(std::nullopt, activation_mode::hybrid);
+  CHECK(reference.stats.evictions == 0);
+  for (activation_mode mode : {activation_mode::spill, activation_mode::drop, activation_mode::hybrid}) {
+    for (double ratio : {0.7, 0.5, 0.3}) {
+      const auto budget = static_cast<std::size_t>(static_cast<double>(reference.peak) * ratio);
+      CAPTURE(mode_name(mode));
+      CAPTURE(ratio);
+      std::optional<result> got;
+      try {
+        got = train(budget, mode);
+      } catch (const c10::OutOfMemoryError& e) {
+        MESSAGE("out of memory at " << ratio << " in " << mode_name(mode) << ": " << std::string(e.what_without_backtrace()));
+        // What cannot be evicted (weights, gradients, segment inputs) fits at 70%; a replay
+        // holds its segment's tensors while refilling the dropped ones, so 50% fits for spill.
+        CHECK((ratio < 0.5 || (ratio < 0.7 && mode != activation_mode::spill)));
+        continue;
+      }
+      CHECK(got->stats.pressure_calls > 0);
+      CHECK(got->stats.evictions > 0);
+      CHECK(got->peak <= budget);
+      CHECK(got->loss == reference.loss);
+      CHECK(got->running == reference.running);
+      REQUIRE(got->grads.size() == reference.grads.size());
+      for (std::size_t i = 0; i < got->grads.size(); ++i) CHECK(got->grads[i] == reference.grads[i]);
+    }
+  }
+}
+
+TEST_CASE("an unpack's prefetch under pressure never evicts the storage it returns") {
+  // Two saved 12 MiB storages, a spilled and b resident; the budget is full. Unpacking b
+  // prefetches a, whose allocation calls the pressure handler: b, resident and held only by the
+  // manager until the unpack's alias is taken, must not be its victim.
+  constexpr std::int64_t n = std::int64_t{3} << 20;  // floats: 12 MiB, a segment of its own
+  budgeted_cpu cpu(unlimited_budget);
+  activation_options options;
+  options.mode = activation_mode::spill;
+  options.policy = activation_policy::lru;
+  options.prefetch = 1;
+  auto manager = activation_manager::make(options, &cpu.devices());
+  std::shared_ptr<activation_manager::saved> ha, hb;
+  at::Tensor filler;
+  {
+    at::Tensor a = at::full({n}, 1.0f), b = at::full({n}, 2.0f);
+    ha = manager->pack(a);
+    hb = manager->pack(b);
+  }
+  REQUIRE(manager->evict(1).first == 12u << 20);  // a, the least recently used
+  filler = at::empty({n});                        // takes a's block: nothing cached is left
+  device_allocator& d = cpu.devices().device(0);
+  d.set_budget(static_cast<std::size_t>(d.stats().reserved_bytes[0].current));
+  REQUIRE(d.stats().reserved_bytes[0].current == d.stats().allocated_bytes[0].current);
+
+  at::Tensor got = manager->unpack(*hb);
+  REQUIRE(manager->state_of(got) == std::optional<std::string>("resident"));
+  CHECK(got.storage().data() != nullptr);
+  const float* bytes_of_b = got.const_data_ptr<float>();  // no allocation: the budget is full
+  CHECK(std::all_of(bytes_of_b, bytes_of_b + n, [](float v) { return v == 2.0f; }));
+  // a stays spilled (the prefetch found no room and gave up) and comes back when unpacked.
+    filler.reset();
+  at::Tensor a = manager->unpack(*ha);
+  CHECK(at::equal(a, at::full({n}, 1.0f)));
+  a.reset();
+  got.reset();
+  ha.reset();
+  hb.reset();
+  manager->close();
+}
