@@ -115,9 +115,10 @@ def run_subprocess(spec, timeout):
     """Runs `--worker spec` in a fresh interpreter; returns its result, or a status record."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
     start = time.perf_counter()
-    # A worker killed by a signal (SIGSEGV) prints nothing by itself: faulthandler writes the
-    # Python stack of every thread to stderr first, which the record keeps (stderr_tail).
-    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    # A worker killed by a signal (SIGSEGV) prints nothing by itself: spillway's module writes the
+    # native stack (torch_plugin/crash_backtrace.hpp), then faulthandler the Python stack of every
+    # thread, to stderr, which the record keeps (stderr_tail).
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", SPILLWAY_CRASH_BACKTRACE="1")
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
@@ -129,7 +130,7 @@ def run_subprocess(spec, timeout):
         if line.startswith(RESULT_MARK):
             return json.loads(line[len(RESULT_MARK):])
     return dict(_base(spec), status="crashed", error=f"worker exited with status {p.returncode} without a result",
-                stderr_tail=p.stderr[-2000:], wall_s=round(time.perf_counter() - start, 3))
+                stderr_tail=p.stderr[-16000:], wall_s=round(time.perf_counter() - start, 3))  # both stacks
 
 
 

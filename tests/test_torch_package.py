@@ -12,11 +12,13 @@ import textwrap
 import unittest
 
 
-def run(code, conf=None):
+def run(code, conf=None, extra_env=None):
     env = dict(os.environ)
     env.pop("SPILLWAY_CONF", None)
+    env.pop("SPILLWAY_CRASH_BACKTRACE", None)
     if conf is not None:
         env["SPILLWAY_CONF"] = conf
+    env.update(extra_env or {})
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
                           capture_output=True, text=True, timeout=300)
     return proc.returncode, proc.stdout, proc.stderr
@@ -153,6 +155,24 @@ class Package(unittest.TestCase):
                 pass
             assert spillway.stats()["num_pressure_handler_calls"] == s["num_pressure_handler_calls"]
         """)
+
+    def test_crash_backtrace_prints_the_native_stack_then_the_previous_handler_runs(self):
+        segfault = "import ctypes, spillway; ctypes.string_at(0)"
+        rc, out, err = run(segfault, extra_env={"SPILLWAY_CRASH_BACKTRACE": "1", "PYTHONFAULTHANDLER": "1"})
+        self.assertEqual(rc, -11, err)
+        self.assertIn("spillway: fatal signal 11 (fault address 0x0) on thread ", err)
+        self.assertIn("; native stack:\n", err)
+        # Python's faulthandler, installed first, still runs after it.
+        self.assertIn("Fatal Python error: Segmentation fault", err)
+        self.assertLess(err.index("spillway: fatal signal"), err.index("Fatal Python error"))
+        # A signal sent by abort() is sent again once the default action is back.
+        rc, out, err = run("import os, spillway; os.abort()", extra_env={"SPILLWAY_CRASH_BACKTRACE": "1"})
+        self.assertEqual(rc, -6, err)
+        self.assertIn("spillway: fatal signal 6 ", err)
+        # Off unless asked for.
+        rc, out, err = run(segfault, extra_env={"SPILLWAY_CRASH_BACKTRACE": "0"})
+        self.assertEqual(rc, -11, err)
+        self.assertNotIn("spillway: fatal signal", err)
 
 
 if __name__ == "__main__":

@@ -68,9 +68,10 @@ COMMON = textwrap.dedent("""
 
 
 def run(code, env=None, timeout=1800):
-    # faulthandler: a case killed by a signal still leaves the Python stack of every thread in its
-    # stderr; the exit status is added to it (a negative status is the signal's number).
-    e = dict(os.environ, PYTHONFAULTHANDLER="1")
+    # A case killed by a signal still leaves in its stderr the native stack (spillway's crash
+    # backtrace) and the Python stack of every thread (faulthandler); the exit status is added to
+    # it (a negative status is the signal's number).
+    e = dict(os.environ, PYTHONFAULTHANDLER="1", SPILLWAY_CRASH_BACKTRACE="1")
     e.update(env or {})
     p = subprocess.run([sys.executable, "-c", COMMON + textwrap.dedent(code)], env=e,
                        capture_output=True, text=True, timeout=timeout)
@@ -121,7 +122,7 @@ def case_budgets(tmp):
                           "step_s": time.perf_counter() - t}))
     """)
     if rc != 0:
-        return False, {"error": err[-2000:]}
+        return False, {"error": err[-16000:]}
     base = json.loads(out.strip().splitlines()[-1])
     rows = {"unconstrained": base}
     ok = True
@@ -137,7 +138,7 @@ def case_budgets(tmp):
                               "step_s": time.perf_counter() - t,
                               "spills": s.get("activations.spills"), "drops": s.get("activations.drops")}}))
         """)
-        rows[f"{ratio:.0%}"] = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {"error": err[-2000:]}
+        rows[f"{ratio:.0%}"] = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {"error": err[-16000:]}
         ok = ok and rc == 0
     return ok, rows
 
@@ -156,7 +157,7 @@ def case_tooling(tmp):
         assert torch.cuda.memory_stats()["reserved_bytes.all.current"] < stats["reserved_bytes.all.peak"]
         print("ok")
     """)
-    return rc == 0, {"stderr": err[-2000:]}
+    return rc == 0, {"stderr": err[-16000:]}
 
 
 def case_leaks(tmp, steps):
@@ -171,7 +172,7 @@ def case_leaks(tmp, steps):
                 torch.cuda.synchronize(); marks[i] = torch.cuda.memory_allocated()
         print(json.dumps(marks)); assert marks[1] == marks[{steps} - 1], marks
     """, timeout=3600)
-    return rc == 0, {"stdout": out[-500:], "stderr": err[-2000:]}
+    return rc == 0, {"stdout": out[-500:], "stderr": err[-16000:]}
 
 
 def case_preload(tmp):
@@ -184,7 +185,7 @@ def case_preload(tmp):
         print("ok")
     """, env={"LD_PRELOAD": lib, "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync",
               "SPILLWAY_CONF": "budget:16GiB"})
-    return rc == 0, {"stderr": err[-2000:]}
+    return rc == 0, {"stderr": err[-16000:]}
 
 
 def main():

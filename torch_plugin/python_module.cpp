@@ -20,11 +20,14 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 
 #include "activation_manager.hpp"
 #include "config_string.hpp"
+#include "crash_backtrace.hpp"
 #include "spillway/errors.hpp"
 #include "torch_allocator.hpp"
 
@@ -200,6 +203,12 @@ void bind_activation_manager(py::module_& m) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "spillway's native module; use the spillway package";
+  // Opt-in native stacks on a fatal signal (crash_backtrace.hpp): a job that dies in native code
+  // otherwise says nothing about where.
+  if (const char* v = std::getenv("SPILLWAY_CRASH_BACKTRACE");
+      v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0) {
+    (void)torch_plugin::install_crash_backtrace();
+  }
 
   // Exception translation, most specific first (pybind11 tries the last registered first).
   // Leaked on purpose: it must not be released after the interpreter has finalised.
