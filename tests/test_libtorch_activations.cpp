@@ -23,49 +23,14 @@
 #include <vector>
 
 #include "libtorch_activations.hpp"
+#include "libtorch_test_mlp.hpp"
 #include "spillway/errors.hpp"
 
 using namespace spillway::torch_plugin;
 
 namespace {
 
-struct mlp {
-  std::vector<at::Tensor> weights, biases;
-  at::Tensor running;  // BatchNorm-like state updated in place by the forward
-
-  mlp() {
-    at::manual_seed(0);
-    for (int i = 0; i < 6; ++i) {
-      weights.push_back((at::randn({128, 128}) * 0.1).requires_grad_());
-      biases.push_back(at::zeros({128}).requires_grad_());
-    }
-    running = at::zeros({128});
-  }
-  at::Tensor layer(int i, const at::Tensor& x) const {
-    at::Tensor h = at::relu(at::linear(x, weights[i], biases[i]));
-    if (i == 2) {
-      at::NoGradGuard no_grad;
-      running.mul_(0.9).add_(h.detach().mean(0), 0.1);
-    }
-    return at::dropout(h, 0.2, /*train=*/true);
-  }
-  at::Tensor forward(const at::Tensor& x, bool segments) const {
-    at::Tensor h = x;
-    for (int s = 0; s < 3; ++s) {
-      auto block = [this, s](const std::vector<at::Tensor>& in) {
-        return layer(2 * s + 1, layer(2 * s, in[0]));
-      };
-      h = segments ? checkpoint(block, {h}, {running}) : block({h});
-    }
-    return h;
-  }
-  std::vector<at::Tensor> grads() const {
-    std::vector<at::Tensor> g;
-    for (const auto& w : weights) g.push_back(w.grad().clone());
-    for (const auto& b : biases) g.push_back(b.grad().clone());
-    return g;
-  }
-};
+using mlp = spillway::test::libtorch_test_mlp;  // default shape: width 128, relu, dropout 0.2
 
 struct result {
   at::Tensor loss, running;

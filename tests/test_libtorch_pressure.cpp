@@ -38,6 +38,7 @@
 
 #include "config_string.hpp"
 #include "libtorch_activations.hpp"
+#include "libtorch_test_mlp.hpp"
 #include "plugin_backends.hpp"
 #include "spillway/errors.hpp"
 
@@ -116,39 +117,15 @@ class budgeted_cpu {
   c10::Allocator* previous_;
 };
 
-// Six layers of 4 MiB activations in three checkpoint segments, with dropout (the replay must
-// reproduce the RNG) and in-place state (kept once).
-struct model {
-  std::vector<at::Tensor> weights, biases;
-  at::Tensor running;
-
-  model() {
-    at::manual_seed(0);
-    for (int i = 0; i < 6; ++i) {
-      weights.push_back((at::randn({256, 256}) * 0.08).requires_grad_());
-      biases.push_back(at::zeros({256}).requires_grad_());
-    }
-    running = at::zeros({256});
-  }
-  at::Tensor layer(int i, const at::Tensor& x) const {
-    at::Tensor h = at::gelu(at::linear(x, weights[i], biases[i]));
-    if (i == 2) {
-      at::NoGradGuard no_grad;
-      running.mul_(0.9).add_(h.detach().mean(0), 0.1);
-    }
-    return at::dropout(h, 0.1, /*train=*/true);
-  }
-  at::Tensor forward(const at::Tensor& x) const {
-    at::Tensor h = x;
-    for (int s = 0; s < 3; ++s) {
-      h = checkpoint([this, s](const std::vector<at::Tensor>& in) {
-            return layer(2 * s + 1, layer(2 * s, in[0]));
-          },
-                     {h}, {running});
-    }
-    return h;
-  }
-};
+// Six layers of 4 MiB activations in three checkpoint segments (libtorch_test_mlp.hpp).
+spillway::test::libtorch_test_mlp make_model() {
+  spillway::test::libtorch_test_mlp::shape shape;
+  shape.width = 256;
+  shape.init_scale = 0.08;
+  shape.dropout = 0.1;
+  shape.activation = [](const at::Tensor& t) { return at::gelu(t); };
+  return spillway::test::libtorch_test_mlp(shape);
+}
 
 // Bytes copied out to plain host memory, so that they outlive the budgeted allocator.
 using bytes = std::vector<unsigned char>;
@@ -171,7 +148,7 @@ result train(std::optional<std::size_t> budget, activation_mode mode) {
   budgeted_cpu cpu(budget.value_or(unlimited_budget));
   result out;
   {
-    model m;
+    spillway::test::libtorch_test_mlp m = make_model();
     at::Tensor x = at::randn({4096, 256});
     activation_options options;
     options.mode = mode;
