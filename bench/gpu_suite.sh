@@ -199,6 +199,24 @@ pack_results() {
 }
 # summary <line>: one line of the human summary (summary.txt, also printed).
 summary() { echo "$*" | tee -a "$out/summary.txt"; }
+# json_summary <file>: a line per case of torch_gpu_checks.json, or per configuration of
+# train_bench.json, into the summary: a lent machine's reply carries only the end of the output.
+json_summary() {
+  [[ -f $1 ]] && command -v python3 > /dev/null || return 0
+  python3 - "$1" << 'PY' | while read -r line; do summary "$line"; done
+import json, sys
+d = json.load(open(sys.argv[1]))
+if isinstance(d.get("results"), list):
+    for r in d["results"]:
+        step, error = r.get("step_ms_median"), (r.get("error") or "").splitlines()
+        print(f"train_bench: {r.get('model')} {r.get('config')} ratio {r.get('ratio')}: {r.get('status')}"
+              + (f", {step} ms" if step else "") + (f" ({error[0][:100]})" if error else ""))
+else:
+    for case, r in d.items():
+        if isinstance(r, dict) and "passed" in r:
+            print(f"torch_gpu_checks: {case}: {'passed' if r['passed'] else 'FAILED'}")
+PY
+}
 
 # --- the machine ------------------------------------------------------------------------------------
 environment() {
@@ -256,6 +274,7 @@ if [[ $configured -eq 0 ]] && want tests; then
     tail -n 20 | while read -r line; do summary "ctest: $line"; done
   # Issue 4's PyTorch checks on the GPU (tests/torch_gpu_checks.py, run by ctest when torch is found).
   cp "$build/tests/torch_gpu_checks.json" "$out/" 2> /dev/null || true
+  json_summary "$out/torch_gpu_checks.json"
   # A GPU machine whose CUDA tests all skipped tested nothing (e.g. a driver older than the
   # CUDA runtime): that is a failure here, not a pass.
   cuda_skips=$(grep -c 'SKIPPED: no CUDA device' "$out/ctest.log")
@@ -330,6 +349,7 @@ torch_step() {
   torch_step train train_bench "$out/train_bench.log" \
     "${py_env[@]}" python3 "$repo/bench/train_bench.py" --timeline --resume --no-progress \
       ${SPILLWAY_TRAIN_ARGS:-} --json "$out/train_bench.json"
+  want train && json_summary "$out/train_bench.json"
   torch_step max_batch train_bench:max_batch "$out/max_batch.log" \
     "${py_env[@]}" python3 "$repo/bench/train_bench.py" --max-batch --models resnet50,gpt2-medium \
       --resume --no-progress ${SPILLWAY_MAX_BATCH_ARGS:-} --json "$out/max_batch.json"
