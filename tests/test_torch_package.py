@@ -15,7 +15,8 @@ import unittest
 def run(code, conf=None, extra_env=None):
     env = dict(os.environ)
     env.pop("SPILLWAY_CONF", None)
-    env.pop("SPILLWAY_CRASH_BACKTRACE", None)
+    for variable in ("SPILLWAY_CRASH_BACKTRACE", "PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        env.pop(variable, None)
     if conf is not None:
         env["SPILLWAY_CONF"] = conf
     env.update(extra_env or {})
@@ -155,6 +156,36 @@ class Package(unittest.TestCase):
                 pass
             assert spillway.stats()["num_pressure_handler_calls"] == s["num_pressure_handler_calls"]
         """)
+
+    def test_pytorch_alloc_conf_shared_keys_are_honoured_below_spillway_conf(self):
+        show = """
+        import warnings
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            import spillway
+            c = spillway.install(backend="sim")
+        print(c["expandable_segments"], [str(x.message) for x in w if "spillway" in str(x.message)])
+        """
+        torch_conf = "expandable_segments:True,garbage_collection_threshold:0.6"
+        for variable in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+            out = self.check_env(show, {variable: torch_conf})
+            self.assertTrue(out.startswith("True "), out)
+            self.assertIn(f"{variable} keys garbage_collection_threshold tune PyTorch's own", out)
+        # SPILLWAY_CONF, then the keywords, win over PyTorch's variable.
+        out = self.check_env(show, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+                             conf="expandable_segments:False")
+        self.assertTrue(out.startswith("False []"), out)
+        # A bad value of a shared key fails at install, naming PyTorch's variable.
+        rc, out, err = run("import spillway; spillway.install(backend='sim')",
+                           extra_env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:lots"})
+        self.assertNotEqual(rc, 0)
+        self.assertIn("PYTORCH_CUDA_ALLOC_CONF='max_split_size_mb:lots'", err)
+        self.assertIn('bad value "lots" for key "max_split_size_mb"', err)
+
+    def check_env(self, code, extra_env, conf=None):
+        rc, out, err = run(code, conf, extra_env)
+        self.assertEqual(rc, 0, f"stdout:\n{out}\nstderr:\n{err}")
+        return out
 
     def test_crash_backtrace_prints_the_native_stack_then_the_previous_handler_runs(self):
         segfault = "import ctypes, spillway; ctypes.string_at(0)"

@@ -27,6 +27,7 @@ torch.OutOfMemoryError with spillway's account of the budget; unsupported alloca
 
 import contextlib
 import os
+import warnings
 
 import torch
 
@@ -42,6 +43,33 @@ __all__ = ["install", "is_installed", "set_budget", "get_budget", "budget", "sta
 # imports spillway rather than at the first allocation.
 ENV_CONF = os.environ.get("SPILLWAY_CONF", "")
 _env_settings = _C.parse_config(ENV_CONF)
+
+# PyTorch's allocator settings (PYTORCH_ALLOC_CONF, or its older name PYTORCH_CUDA_ALLOC_CONF).
+# Under install() the keys spillway has too are honoured, below SPILLWAY_CONF and the keywords;
+# the others tune PyTorch's own allocator, which install() replaces: a warning names them.
+_TORCH_CONF_VARIABLE = next((v for v in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+                             if os.environ.get(v, "").strip()), None)
+TORCH_CONF = os.environ.get(_TORCH_CONF_VARIABLE, "") if _TORCH_CONF_VARIABLE else ""
+_TORCH_CONF_SHARED_KEYS = ("expandable_segments", "max_split_size_mb")
+
+
+def _torch_conf_settings():
+    """(the settings spillway takes from PyTorch's variable, the keys it ignores)."""
+    settings, ignored = {}, []
+    for item in TORCH_CONF.split(","):
+        if not item.strip():
+            continue
+        key, _, value = item.partition(":")
+        key, value = key.strip(), value.strip()
+        if key in _TORCH_CONF_SHARED_KEYS:
+            settings[key] = value
+        else:
+            ignored.append(key)
+    try:
+        _C.parse_config(_conf_text(settings))
+    except ValueError as e:
+        raise ValueError(f"{_TORCH_CONF_VARIABLE}={TORCH_CONF!r}: {e}") from None
+    return settings, ignored
 
 
 def parse_size(value):
@@ -71,9 +99,15 @@ def install(budget=None, policy=None, **settings):
     budget: bytes or a size string, the cap on reserved device memory; budget_fraction=f instead
     caps it at f x device memory. policy: the eviction policy of spillway.activations() ("dtr",
     "lru", "largest"). Other keywords are SPILLWAY_CONF keys (expandable_segments, backend,
-    sim_capacity, device). Keywords override SPILLWAY_CONF. Call it once, before the first CUDA use.
+    sim_capacity, device). Keywords override SPILLWAY_CONF, which overrides the expandable_segments
+    and max_split_size_mb of PyTorch's PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF (its other keys
+    tune PyTorch's allocator and are ignored, with a warning). Call it once, before the first CUDA
+    use.
     """
-    merged = {}
+    merged, ignored = _torch_conf_settings()
+    if ignored:
+        warnings.warn(f"spillway.install: {_TORCH_CONF_VARIABLE} keys {', '.join(ignored)} tune "
+                      "PyTorch's own allocator, which spillway replaces: ignored", stacklevel=2)
     if ENV_CONF.strip():
         for item in ENV_CONF.split(","):
             if item.strip():
