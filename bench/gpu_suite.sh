@@ -67,7 +67,6 @@ if [[ -n ${OUT:-} ]]; then
   # Kept between calls on a warm machine, so train_bench --resume goes on where the last call was
   # cut off; the last call's metadata and summary are kept under other names.
   out=$build/suite-results
-  mkdir -p "$out"
   for f in metadata.json summary.txt; do
     [[ -f $out/$f ]] && mv "$out/$f" "$out/earlier-$(date -r "$out/$f" +%H%M%S)-$f"
   done
@@ -360,7 +359,6 @@ torch_step() {
 }
 
 write_metadata
-pack_results
 summary "gpu_suite: results in $out ($([[ $failed -eq 0 ]] && echo passed || echo FAILED)," \
         "$(($(date +%s) - started)) s)"
 pack_results

@@ -6,17 +6,8 @@
 // dropout: the RNG state is replayed) and when every activation is spilled and copied back; that
 // in-place state listed in `keep` is updated once; that a storage the program holds is never
 // evicted; that a non-deterministic segment fails clearly; and that bad options name the value.
-#include <ATen/ATen.h>
+#include "torch_doctest.hpp"  // ATen and doctest
 #include <ATen/core/grad_mode.h>
-// c10's glog-style CHECK macros (c10/util/logging_is_not_google_glog.h) would shadow doctest's.
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-#include <doctest/doctest.h>
 
 #include <stdexcept>
 #include <string>

@@ -16,18 +16,10 @@
 // that the allocator did evict through the manager, and that every byte is given back
 // afterwards; and that an unpack whose prefetch runs the pressure handler never gets its own
 // storage evicted (it was: autograd got a tensor without memory).
-#include <ATen/ATen.h>
+#include "torch_doctest.hpp"  // ATen and doctest
 #include <ATen/core/grad_mode.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-#include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cstring>
@@ -199,7 +191,8 @@ TEST_CASE("under the allocator's own pressure, training is bit-identical in ever
       try {
         got = train(budget, mode);
       } catch (const c10::OutOfMemoryError& e) {
-        MESSAGE("out of memory at " << ratio << " in " << mode_name(mode) << ": " << std::string(e.what_without_backtrace()));
+        MESSAGE("out of memory at " << ratio << " in " << mode_name(mode) << ": "
+                                     << std::string(e.what_without_backtrace()));
         // What cannot be evicted (weights, gradients, segment inputs) fits at 70%; a replay
         // holds its segment's tensors while refilling the dropped ones, so 50% fits for spill.
         CHECK((ratio < 0.5 || (ratio < 0.7 && mode != activation_mode::spill)));
@@ -246,7 +239,7 @@ TEST_CASE("an unpack's prefetch under pressure never evicts the storage it retur
   const float* bytes_of_b = got.const_data_ptr<float>();  // no allocation: the budget is full
   CHECK(std::all_of(bytes_of_b, bytes_of_b + n, [](float v) { return v == 2.0f; }));
   // a stays spilled (the prefetch found no room and gave up) and comes back when unpacked.
-    filler.reset();
+  filler.reset();
   at::Tensor a = manager->unpack(*ha);
   CHECK(at::equal(a, at::full({n}, 1.0f)));
   a.reset();

@@ -463,9 +463,7 @@ void activation_manager::prefetch_before(std::uint64_t seq) {
     // uses now) stops prefetching, and the entry is copied back when it is unpacked.
     try {
       copy_in(*e);
-    } catch (const c10::OutOfMemoryError&) {
-      return;
-    } catch (const out_of_memory&) {
+    } catch (const c10::OutOfMemoryError&) {  // spillway's c10 allocators throw this one
       return;
     }
     ++counters_.prefetches;

@@ -53,18 +53,21 @@ TORCH_CONF = os.environ.get(_TORCH_CONF_VARIABLE, "") if _TORCH_CONF_VARIABLE el
 _TORCH_CONF_SHARED_KEYS = ("expandable_segments", "max_split_size_mb")
 
 
+def _conf_items(text):
+    """{key: value} of a "key:value,key:value" text (SPILLWAY_CONF's form, and PyTorch's)."""
+    items = {}
+    for item in text.split(","):
+        if item.strip():
+            key, _, value = item.partition(":")
+            items[key.strip()] = value.strip()
+    return items
+
+
 def _torch_conf_settings():
     """(the settings spillway takes from PyTorch's variable, the keys it ignores)."""
-    settings, ignored = {}, []
-    for item in TORCH_CONF.split(","):
-        if not item.strip():
-            continue
-        key, _, value = item.partition(":")
-        key, value = key.strip(), value.strip()
-        if key in _TORCH_CONF_SHARED_KEYS:
-            settings[key] = value
-        else:
-            ignored.append(key)
+    items = _conf_items(TORCH_CONF)
+    settings = {k: v for k, v in items.items() if k in _TORCH_CONF_SHARED_KEYS}
+    ignored = [k for k in items if k not in _TORCH_CONF_SHARED_KEYS]
     try:
         _C.parse_config(_conf_text(settings))
     except ValueError as e:
@@ -108,11 +111,7 @@ def install(budget=None, policy=None, **settings):
     if ignored:
         warnings.warn(f"spillway.install: {_TORCH_CONF_VARIABLE} keys {', '.join(ignored)} tune "
                       "PyTorch's own allocator, which spillway replaces: ignored", stacklevel=2)
-    if ENV_CONF.strip():
-        for item in ENV_CONF.split(","):
-            if item.strip():
-                key, _, value = item.partition(":")
-                merged[key.strip()] = value.strip()
+    merged.update(_conf_items(ENV_CONF))
     if budget is not None:
         merged.pop("budget_fraction", None)
         merged["budget"] = parse_size(budget)
