@@ -2,8 +2,10 @@
 #include "activation_manager.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -35,6 +37,7 @@ void add_counters(activation_stats& into, const activation_stats& s) {
   into.drops += s.drops;
   into.restores += s.restores;
   into.recomputes += s.recomputes;
+  into.recompute_moves += s.recompute_moves;
   into.bytes_spilled += s.bytes_spilled;
   into.bytes_dropped += s.bytes_dropped;
   into.bytes_restored += s.bytes_restored;
@@ -126,6 +129,7 @@ std::vector<std::pair<std::string, std::uint64_t>> activation_stats::fields() co
   return {{"packed", packed},           {"evictions", evictions},
           {"spills", spills},           {"drops", drops},
           {"restores", restores},       {"recomputes", recomputes},
+          {"recompute_moves", recompute_moves},
           {"bytes_spilled", bytes_spilled}, {"bytes_dropped", bytes_dropped},
           {"bytes_restored", bytes_restored}, {"prefetches", prefetches},
           {"pressure_calls", pressure_calls}, {"registered", registered},
@@ -362,6 +366,16 @@ std::pair<c10::cuda::CUDAStream, c10::cuda::CUDAStream> copy_streams(c10::Device
   }
   return it->second;
 }
+// Host memory for spilled bytes: pinned for a CUDA storage (its copies run on a copy engine,
+// asynchronously), else torch's default CPU allocator's, never the CPU allocator installed: that
+// may be spillway's simulated device (sim_cpu_tensors.hpp), the very memory a spill frees.
+at::Tensor host_bytes(std::size_t nbytes, bool pinned) {
+  const std::vector<int64_t> size{static_cast<int64_t>(nbytes)};
+  if (pinned) return at::empty(size, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  return at::detail::empty_generic(size, c10::GetDefaultCPUAllocator(),
+                                   c10::DispatchKeySet(c10::DispatchKey::CPU), at::kByte,
+                                   std::nullopt);
+}
 // `waiter` waits for the work queued on `stream` so far.
 void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& stream) {
   c10::Event ready(c10::DeviceType::CUDA);
@@ -372,13 +386,12 @@ void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& 
 
 void activation_manager::copy_out(entry& e) {
   at::Tensor source = byte_view(e.storage, e.nbytes);
+  e.host = host_bytes(e.nbytes, e.device.is_cuda());
   if (!e.device.is_cuda()) {
-    e.host = source.clone();
+    e.host.copy_(source);
     return;
   }
   auto d2h = copy_streams(e.device.index()).first;
-  e.host = at::empty({static_cast<int64_t>(e.nbytes)},
-                     at::TensorOptions().dtype(at::kByte).pinned_memory(true));
   wait_for(d2h, c10::cuda::getCurrentCUDAStream(e.device.index()));
   {
     c10::cuda::CUDAStreamGuard guard(d2h);
@@ -513,12 +526,28 @@ void activation_manager::recompute(segment& s) {
                                std::to_string(e->nbytes) + ": the segment is not deterministic");
     }
   }
+  // A fresh storage that only `fresh` holds gives its memory to the entry: no allocation and no
+  // copy, so that a replay needs the segment's bytes once, not twice. One that something else
+  // holds too (the segment's input, saved again) is copied.
+  std::unordered_map<c10::StorageImpl*, std::size_t> held_by_fresh;
+  for (const at::Tensor& t : fresh) {
+    if (t.defined() && t.has_storage()) ++held_by_fresh[t.storage().unsafeGetStorageImpl()];
+  }
   for (std::size_t i = 0; i < members.size() && i < fresh.size(); ++i) {
     entry* e = members[i];
     if (e == nullptr || e->orphaned || e->state != entry_state::dropped) continue;  // or refilled
-    e->storage.set_data_ptr_noswap(e->storage.allocator()->allocate(e->nbytes));
+    const c10::Storage& source = fresh[i].storage();
+    if (source.use_count() == held_by_fresh[source.unsafeGetStorageImpl()] &&
+        source.device() == e->device) {
+      e->storage.set_data_ptr_noswap(source.unsafeGetStorageImpl()->set_data_ptr(
+          at::DataPtr(nullptr, source.device())));
+      source.unsafeGetStorageImpl()->set_nbytes(0);
+      ++counters_.recompute_moves;
+    } else {
+      e->storage.set_data_ptr_noswap(e->storage.allocator()->allocate(e->nbytes));
+      byte_view(e->storage, e->nbytes).copy_(byte_view(source, e->nbytes));
+    }
     e->storage.set_nbytes(e->nbytes);
-    byte_view(e->storage, e->nbytes).copy_(byte_view(fresh[i].storage(), e->nbytes));
     e->state = entry_state::resident;
     resident_bytes_ += e->nbytes;
   }

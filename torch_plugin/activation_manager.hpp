@@ -11,17 +11,19 @@
 //   count equals the aliases plus the entry's own reference): a tensor the program still uses, a
 //   weight, or a tensor a running backward node just unpacked is never touched.
 // - Eviction keeps the StorageImpl and swaps its memory out (a null DataPtr, 0 bytes), so every
-//   view stays valid and sees the bytes again once restored. It spills (a copy to host memory,
-//   pinned for CUDA, on a dedicated device-to-host stream; the block is record_stream'ed onto it,
-//   so it is freed in stream order after the copy) or drops (only for storages a checkpoint
-//   segment saved: the segment is their lineage). Per storage, by cost: the segment's measured
-//   forward time against 2 x bytes / link_bandwidth. Modes spill and drop force one kind.
+//   view stays valid and sees the bytes again once restored. It spills (a copy to host memory:
+//   for CUDA pinned, on a dedicated device-to-host stream, the block record_stream'ed onto it so
+//   that it is freed in stream order after the copy; for CPU torch's default CPU allocator's,
+//   never an installed one, which may be the budget spilled from) or drops (only for storages a
+//   checkpoint segment saved: the segment is their lineage). Per storage, by cost: the segment's
+//   measured forward time against 2 x bytes / link_bandwidth. Modes spill and drop force one kind.
 // - unpack(handle) makes the storage resident and returns a fresh alias (so the storage is not
 //   evictable while autograd uses it): a spilled one is copied back on a host-to-device stream that
 //   the current stream then waits for; a dropped one is recomputed by its segment's replay, run
 //   with the default CPU and CUDA generators set to their state at the segment's start (and put
 //   back afterwards); every dropped storage of the segment is refilled from the tensors the replay
-//   saved, matched by save order. A replay that saves tensors of other sizes fails with
+//   saved, matched by save order (taking over the memory of those only the replay held, without
+//   an allocation or a copy; copying the others). A replay that saves tensors of other sizes fails with
 //   std::runtime_error ("not deterministic"), changing nothing.
 // - After each unpack the next `prefetch` spilled storages in backward order (reverse pack order)
 //   start copying back, so that copies overlap compute. The unpacked storage is already held by
@@ -75,6 +77,7 @@ struct activation_options {
 
 struct activation_stats {
   std::uint64_t packed = 0, evictions = 0, spills = 0, drops = 0, restores = 0, recomputes = 0,
+                recompute_moves = 0,  // dropped storages refilled by taking the replay's memory
                 bytes_spilled = 0, bytes_dropped = 0, bytes_restored = 0, prefetches = 0,
                 pressure_calls = 0;
   std::uint64_t registered = 0, resident_bytes = 0, spilled_bytes = 0, dropped_bytes = 0;

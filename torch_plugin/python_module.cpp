@@ -26,6 +26,7 @@
 #include <string>
 
 #include "activation_manager.hpp"
+#include "sim_cpu_tensors.hpp"
 #include "config_string.hpp"
 #include "crash_backtrace.hpp"
 #include "spillway/errors.hpp"
@@ -262,6 +263,10 @@ PYBIND11_MODULE(_C, m) {
           current = std::move(allocator);
         },
         py::arg("conf"));
+
+  m.def("serve_cpu_tensors", [] {
+    torch_plugin::serve_cpu_tensors(current);  // invalid_argument: not installed, not sim, twice
+  });
 
   bind_activation_manager(m);
 

@@ -62,6 +62,11 @@ class torch_allocator final : public c10::cuda::CUDACachingAllocator::CUDAAlloca
   // when the memory is not this allocator's. For the DataPtr deleter.
   bool release(void* ptr) noexcept;
 
+  // Memory of `device` on `stream`, as allocate() gives it without a DataPtr (size 0: nullptr);
+  // out of memory is c10::OutOfMemoryError after the OOM observers ran. For allocators of other
+  // device types over this one (sim_cpu_tensors.hpp).
+  void* allocate_on(c10::DeviceIndex device, size_t nbytes, stream_ref stream);
+
   // --- c10::Allocator ---------------------------------------------------------------------------
   c10::DataPtr allocate(size_t nbytes) override;
   c10::DeleterFnPtr raw_deleter() const override;
@@ -116,7 +121,6 @@ class torch_allocator final : public c10::cuda::CUDACachingAllocator::CUDAAlloca
   std::string name() override;
 
  private:
-  void* allocate_on(c10::DeviceIndex device, size_t nbytes, stream_ref stream);
   [[noreturn]] void fail_out_of_memory(c10::DeviceIndex device, const std::exception& error);
   void checked_index(c10::DeviceIndex device, const char* caller) const;
   device_allocator& checked_device(c10::DeviceIndex device, const char* caller);

@@ -16,7 +16,9 @@ The allocator
 - set_budget(bytes, device=None), the budget(bytes, device=None) context manager and stats(device=None)
   change and read the budget of the installed allocator. Sizes are ints or strings like "8GiB".
 - backend "sim" installs spillway on its simulated device instead, detached from torch (no CUDA
-  kernel can run there): for tests and tools on machines without a GPU.
+  kernel can run there): for tests and tools on machines without a GPU. With cpu_tensors=True the
+  simulated device serves torch's CPU tensors, under its budget: a CPU job then runs under a
+  budget, and activations() evicts from inside its allocations, as on a GPU.
 
 Activations (spillway.activations, spillway.checkpoint, spillway.Sequential): see saved_activations.py.
 
@@ -96,14 +98,17 @@ def _conf_text(settings):
     return ",".join(f"{k}:{text(v)}" for k, v in settings.items() if v is not None)
 
 
-def install(budget=None, policy=None, **settings):
+def install(budget=None, policy=None, cpu_tensors=False, **settings):
     """Installs spillway as PyTorch's CUDA allocator (or on the simulated device: backend="sim").
 
     budget: bytes or a size string, the cap on reserved device memory; budget_fraction=f instead
     caps it at f x device memory. policy: the eviction policy of spillway.activations() ("dtr",
-    "lru", "largest"). Other keywords are SPILLWAY_CONF keys (expandable_segments, backend,
-    sim_capacity, device). Keywords override SPILLWAY_CONF, which overrides the expandable_segments
-    and max_split_size_mb of PyTorch's PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF (its other keys
+    "lru", "largest"). cpu_tensors (backend "sim" only): torch's CPU tensors are then allocated on
+    the simulated device, under its budget, so that a machine without a GPU runs a job under a
+    budget, activations() evicting from inside allocations, as on a GPU (for the rest of the
+    process). Other keywords are SPILLWAY_CONF keys (expandable_segments, backend, sim_capacity,
+    device). Keywords override SPILLWAY_CONF, which overrides the expandable_segments and
+    max_split_size_mb of PyTorch's PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF (its other keys
     tune PyTorch's allocator and are ignored, with a warning). Call it once, before the first CUDA
     use.
     """
@@ -126,7 +131,15 @@ def install(budget=None, policy=None, **settings):
         raise RuntimeError("spillway.install: CUDA is already initialised in this process; call "
                            "spillway.install() before the first CUDA use (tensor, model.cuda(), "
                            "torch.cuda.* call), e.g. at the top of the script")
+    if not isinstance(cpu_tensors, bool):
+        raise ValueError(f"spillway.install: cpu_tensors {cpu_tensors!r} is invalid: expected "
+                         "True or False")
+    if cpu_tensors and config["backend"] != "sim":
+        raise ValueError(f"spillway.install: cpu_tensors=True needs backend 'sim' (the simulated "
+                         f"device serves CPU tensors), not {config['backend']!r}")
     _C.install(text)
+    if cpu_tensors:
+        _C.serve_cpu_tensors()
     from . import saved_activations as _activations
     _activations._set_default_policy(config["policy"] or "dtr")
     return config
