@@ -87,7 +87,10 @@ struct activation_manager::segment {
   segment_replay replay;
   std::vector<c10::DeviceIndex> cuda_devices;
   generator_states rng;
-  std::vector<c10::StorageImpl*> saved;  // every pack while it ran, in order (nullptr: kept as is)
+  // Every pack while it ran, in order (nullopt: kept as it is). Weak references: they do not keep
+  // a storage's memory, but they keep its StorageImpl's address from being reused by another
+  // storage, whose entry a replay would otherwise take for this segment's and refill.
+  std::vector<std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>>> saved;
   double cost_s = 0;
   std::optional<c10::Event> start, end;  // CUDA timing, read once complete
 };
@@ -211,8 +214,13 @@ void activation_manager::forget(entry& e) {
 void activation_manager::note_saved(entry* e) {
   // Every open segment lists everything saved while it ran (nested segments included): a replay
   // saves the same tensors in the same order.
-  c10::StorageImpl* key = e == nullptr ? nullptr : e->storage.unsafeGetStorageImpl();
-  for (auto& s : open_segments_) s->saved.push_back(key);
+  for (auto& s : open_segments_) {
+    if (e == nullptr) {
+      s->saved.emplace_back(std::nullopt);
+    } else {
+      s->saved.emplace_back(e->storage.getWeakStorageImpl());
+    }
+  }
 }
 
 std::shared_ptr<activation_manager::saved> activation_manager::pack(const at::Tensor& tensor) {
@@ -485,9 +493,16 @@ void activation_manager::prefetch_before(std::uint64_t seq) {
 
 void activation_manager::recompute(segment& s) {
   std::vector<entry*> members;
-  for (c10::StorageImpl* key : s.saved) {
-    auto it = key == nullptr ? entries_.end() : entries_.find(key);
-    members.push_back(it == entries_.end() ? nullptr : it->second.get());
+  for (const auto& weak : s.saved) {
+    entry* e = nullptr;
+    if (weak) {
+      // A storage that is gone has no entry; one that lives is this segment's (see segment).
+      if (c10::intrusive_ptr<c10::StorageImpl> storage = weak->lock()) {
+        auto it = entries_.find(storage.get());
+        if (it != entries_.end()) e = it->second.get();
+      }
+    }
+    members.push_back(e);
   }
   for (entry* e : members) {
     if (e) ++e->pins;
