@@ -215,6 +215,16 @@ else:
         if isinstance(r, dict) and "passed" in r:
             print(f"torch_gpu_checks: {case}: {'passed' if r['passed'] else 'FAILED'}")
 PY
+  # A crash's native stack (SPILLWAY_CRASH_BACKTRACE) with spillway's frames decoded by addr2line
+  # (its module hides its symbols): the whole into crash_stacks-<name>.txt, the start of each
+  # stack into the summary.
+  local stacks="$out/crash_stacks-$(basename "$1" .json).txt"
+  python3 "$repo/bench/decode_backtrace.py" "$1" > "$stacks" 2>&1 || true
+  if grep -q '^== ' "$stacks"; then
+    grep -A 24 '^== ' "$stacks" | while IFS= read -r line; do summary "crash: $line"; done
+  else
+    rm -f "$stacks"
+  fi
 }
 
 # --- the machine ------------------------------------------------------------------------------------
