@@ -6,7 +6,8 @@
 // dropout: the RNG state is replayed) and when every activation is spilled and copied back; that
 // in-place state listed in `keep` is updated once; that a storage the program holds is never
 // evicted; that a non-deterministic segment fails clearly; that a replay never refills a storage
-// that took the address of one its segment saved (it did: silently wrong bytes); and that bad
+// that took the address of one its segment saved (it did: silently wrong bytes), nor leaves a
+// storage empty when the replay saves one tensor where the first run saved two; and that bad
 // options name the value.
 #include "torch_doctest.hpp"  // ATen and doctest
 #include <ATen/core/grad_mode.h>
@@ -212,4 +213,45 @@ TEST_CASE("a replay never refills another storage that took the address of one i
   at::Tensor got_c = manager->unpack(*hc);
   CHECK(at::equal(got_c, at::full({n}, 3.0f)));
   CHECK(manager->stats().recomputes == 2);  // each segment replayed for its own storage
+}
+
+TEST_CASE("a replay that saves one storage where the first run saved two refills both") {
+  // The first run saved a and b, two storages of one size; the replay saves one storage twice
+  // (two tensors over it). The first entry takes over the replay's memory; the second must
+  // get a copy of it, not the memory the first took (which left the replay's storage empty). And
+  // a tensor the replay returns that something else still holds keeps its memory: it is copied.
+  activation_options o;
+  o.mode = activation_mode::drop;
+  o.min_bytes = 0;
+  auto manager = activation_manager::make(o);
+  constexpr std::int64_t n = 1024;
+  const at::Tensor kept = at::full({n}, 7.0f);
+  manager->begin_segment([kept] {
+    at::Tensor t = at::full({n}, 5.0f);
+    at::Tensor alias = at::empty({0}).set_(t.storage(), 0, {n}, {1});  // no view base: 2 owners
+    return std::vector<at::Tensor>{t, alias, kept};
+  }, {});
+  std::shared_ptr<activation_manager::saved> ha, hb, hc;
+  {
+    at::Tensor a = at::full({n}, 5.0f), b = at::full({n}, 5.0f), c = at::full({n}, 7.0f);
+    ha = manager->pack(a);
+    hb = manager->pack(b);
+    hc = manager->pack(c);
+  }
+  manager->end_segment(1e-3);
+  REQUIRE(manager->evict(std::size_t{1} << 30).first == 3 * n * sizeof(float));
+  at::Tensor a = manager->unpack(*ha);
+  at::Tensor b = manager->unpack(*hb);
+  at::Tensor c = manager->unpack(*hc);
+  CHECK(manager->stats().recomputes == 1);
+  CHECK(manager->stats().recompute_moves == 1);
+  REQUIRE(a.storage().data() != nullptr);
+  REQUIRE(b.storage().data() != nullptr);
+  CHECK(a.storage().data() != b.storage().data());
+  CHECK(at::equal(a, at::full({n}, 5.0f)));
+  CHECK(at::equal(b, at::full({n}, 5.0f)));
+  CHECK(at::equal(c, at::full({n}, 7.0f)));
+  REQUIRE(kept.storage().data() != nullptr);
+  CHECK(kept.storage().data() != c.storage().data());
+  CHECK(at::equal(kept, at::full({n}, 7.0f)));
 }

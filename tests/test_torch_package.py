@@ -130,37 +130,66 @@ class Package(unittest.TestCase):
         """)
 
     def test_allocator_pressure_calls_the_activations_manager(self):
-        # CPU tensors never reach the allocator, so pressure comes from a raw allocation over the
-        # budget: the allocator calls the manager an activations() block registered, which evicts
-        # (spills) every saved activation it may. Those are CPU storages, so the device gains
-        # nothing and the allocation still fails, with the manager's answer in the message.
+        # With cpu_tensors the simulated device serves the model's CPU tensors, so a raw
+        # allocation over the budget makes the allocator call the manager an activations() block
+        # registered, which spills saved activations of that device until the request fits.
+        # Storages that are not the device's memory are never evicted for it (nothing is gained).
+        self.check("""
+            import torch, spillway, spillway._C as C
+            spillway.install(backend="sim", budget="16MiB", cpu_tensors=True)
+            model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+            with spillway.activations(mode="spill", min_bytes=0) as acts:
+                loss = model(torch.randn(256, 512)).sum()
+            assert acts.stats()["spills"] == 0
+            s = spillway.stats()
+            free = s["budget"] - s["allocated_bytes.all.current"]
+            held = C.raw_alloc(free - (256 << 10))       # less than 1 MiB is left
+            extra = C.raw_alloc(1 << 20)                 # fits once activations are spilled
+            s = spillway.stats()
+            assert s["num_pressure_handler_calls"] >= 1, s
+            spills = acts.stats()["spills"]
+            assert spills >= 2, acts.stats()             # two 512 KiB activations at least
+            assert s["activations.spills"] >= spills, s
+            try:
+                C.raw_alloc(8 << 20)                     # nothing can make room for this
+            except torch.OutOfMemoryError as e:
+                assert "are pinned" in str(e), e         # activations the graph still holds
+            else:
+                raise SystemExit("no error")
+            assert acts.stats()["spills"] == 4, acts.stats()   # every evictable one, no more
+            C.raw_free(held)
+            C.raw_free(extra)
+            loss.backward()                              # spilled activations come back
+            assert acts.stats()["restores"] == 4, acts.stats()
+            acts.close()
+            s = spillway.stats()
+            try:
+                C.raw_alloc(8 << 20)
+            except torch.OutOfMemoryError:
+                pass
+            assert spillway.stats()["num_pressure_handler_calls"] == s["num_pressure_handler_calls"]
+        """)
+
+    def test_pressure_never_evicts_storages_that_are_not_the_devices_memory(self):
+        # Without cpu_tensors, CPU tensors are torch's own memory: evicting them would free nothing
+        # on the simulated device, so its pressure leaves them resident.
         self.check("""
             import torch, spillway, spillway._C as C
             spillway.install(backend="sim", budget="16MiB")
             model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
             with spillway.activations(mode="spill", min_bytes=0) as acts:
                 loss = model(torch.randn(256, 512)).sum()
-            assert acts.stats()["spills"] == 0
             held = C.raw_alloc(15 << 20)
             try:
                 C.raw_alloc(8 << 20)
             except torch.OutOfMemoryError as e:
-                # the weights, which the model holds, could not be evicted
-                assert "are pinned" in str(e), e
+                assert "are pinned" not in str(e), e
             else:
                 raise SystemExit("no error")
-            s = spillway.stats()
-            assert s["num_pressure_handler_calls"] >= 1, s
-            assert acts.stats()["spills"] == 4, acts.stats()   # the input and three activations
-            assert s["activations.spills"] >= 4, s
-            loss.backward()                 # spilled activations come back
-            assert acts.stats()["restores"] == 4, acts.stats()
-            acts.close()
-            try:
-                C.raw_alloc(8 << 20)
-            except torch.OutOfMemoryError:
-                pass
-            assert spillway.stats()["num_pressure_handler_calls"] == s["num_pressure_handler_calls"]
+            assert spillway.stats()["num_pressure_handler_calls"] >= 1
+            assert acts.stats()["pressure_calls"] >= 1, acts.stats()
+            assert acts.stats()["evictions"] == 0, acts.stats()
+            loss.backward()
         """)
 
     def test_pytorch_alloc_conf_shared_keys_are_honoured_below_spillway_conf(self):

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <unordered_set>
 
 #include "spillway/errors.hpp"
 
@@ -160,7 +161,7 @@ std::shared_ptr<activation_manager> activation_manager::make(activation_options 
           if (!lock.owns_lock()) return {};  // busy on another thread: see the contract
           ++self->counters_.pressure_calls;
           auto [freed, pinned] = self->evict(std::max({r.bytes, r.shortfall, std::size_t{1}}),
-                                             static_cast<c10::DeviceIndex>(r.device));
+                                             self->pressure_source_->created_device(r.device));
           return {freed, pinned};
         });
   }
@@ -246,6 +247,7 @@ std::shared_ptr<activation_manager::saved> activation_manager::pack(const at::Te
     resident_bytes_ += slot->nbytes;
   }
   entry* e = slot.get();
+  e->orphaned = false;  // saved again while a recomputation pinned it: it has a handle once more
   note_saved(e);
   ++e->aliases;
   ++counters_.packed;
@@ -335,12 +337,15 @@ activation_manager::entry* activation_manager::choose(std::vector<entry*>& candi
 }
 
 std::pair<std::size_t, std::size_t> activation_manager::evict(std::size_t wanted,
-                                                              std::optional<c10::DeviceIndex> device) {
+                                                              const device_allocator* memory_of) {
   std::lock_guard lock(mutex_);
+  const auto in_scope = [memory_of](const entry& e) {
+    return memory_of == nullptr ||
+           (e.state == entry_state::resident && memory_of->owns(e.storage.data()));
+  };
   std::vector<entry*> candidates;
   for (auto& [key, e] : entries_) {
-    const bool on_device = !device || (e->device.is_cuda() ? e->device.index() : 0) == *device;
-    if (on_device && evictable(*e)) candidates.push_back(e.get());
+    if (evictable(*e) && in_scope(*e)) candidates.push_back(e.get());
   }
   std::size_t freed = 0;
   const double now = now_seconds();
@@ -352,7 +357,7 @@ std::pair<std::size_t, std::size_t> activation_manager::evict(std::size_t wanted
   }
   std::size_t pinned = 0;
   for (auto& [key, e] : entries_) {
-    if (e->state == entry_state::resident && !evictable(*e)) pinned += e->nbytes;
+    if (e->state == entry_state::resident && !evictable(*e) && in_scope(*e)) pinned += e->nbytes;
   }
   return {freed, pinned};
 }
@@ -383,6 +388,28 @@ at::Tensor host_bytes(std::size_t nbytes, bool pinned) {
   return at::detail::empty_generic(size, c10::GetDefaultCPUAllocator(),
                                    c10::DispatchKeySet(c10::DispatchKey::CPU), at::kByte,
                                    std::nullopt);
+}
+// The storages of `tensors` that nothing else holds: neither another tensor (a storage's use
+// count is its tensors') nor another handle of one of these tensors.
+std::unordered_set<c10::StorageImpl*> held_only_by(const std::vector<at::Tensor>& tensors) {
+  std::unordered_map<c10::TensorImpl*, std::size_t> handles;  // of each tensor, in `tensors`
+  for (const at::Tensor& t : tensors) {
+    if (t.defined() && t.has_storage()) ++handles[t.unsafeGetTensorImpl()];
+  }
+  std::unordered_map<c10::StorageImpl*, std::size_t> tensors_of;  // distinct, in `tensors`
+  std::unordered_set<c10::StorageImpl*> held_elsewhere;
+  for (const auto& [impl, count] : handles) {
+    c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
+    ++tensors_of[storage];
+    if (c10::raw::intrusive_ptr::use_count(impl) != count) held_elsewhere.insert(storage);
+  }
+  std::unordered_set<c10::StorageImpl*> only;
+  for (const auto& [storage, count] : tensors_of) {
+    if (held_elsewhere.count(storage) == 0 && c10::raw::intrusive_ptr::use_count(storage) == count) {
+      only.insert(storage);
+    }
+  }
+  return only;
 }
 // `waiter` waits for the work queued on `stream` so far.
 void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& stream) {
@@ -543,24 +570,25 @@ void activation_manager::recompute(segment& s) {
   }
   // A fresh storage that only `fresh` holds gives its memory to the entry: no allocation and no
   // copy, so that a replay needs the segment's bytes once, not twice. One that something else
-  // holds too (the segment's input, saved again) is copied.
-  std::unordered_map<c10::StorageImpl*, std::size_t> held_by_fresh;
-  for (const at::Tensor& t : fresh) {
-    if (t.defined() && t.has_storage()) ++held_by_fresh[t.storage().unsafeGetStorageImpl()];
-  }
+  // holds too (the segment's input, saved again) is copied, and so is one whose memory another
+  // entry took already (a replay that aliases what the first run did not): from that entry.
+  const std::unordered_set<c10::StorageImpl*> only_in_fresh = held_only_by(fresh);
+  std::unordered_map<c10::StorageImpl*, entry*> taken_by;
   for (std::size_t i = 0; i < members.size() && i < fresh.size(); ++i) {
     entry* e = members[i];
     if (e == nullptr || e->orphaned || e->state != entry_state::dropped) continue;  // or refilled
-    const c10::Storage& source = fresh[i].storage();
-    if (source.use_count() == held_by_fresh[source.unsafeGetStorageImpl()] &&
-        source.device() == e->device) {
-      e->storage.set_data_ptr_noswap(source.unsafeGetStorageImpl()->set_data_ptr(
-          at::DataPtr(nullptr, source.device())));
-      source.unsafeGetStorageImpl()->set_nbytes(0);
+    c10::StorageImpl* source = fresh[i].storage().unsafeGetStorageImpl();
+    const auto taken = taken_by.find(source);
+    if (taken == taken_by.end() && only_in_fresh.count(source) > 0 &&
+        source->device() == e->device) {
+      e->storage.set_data_ptr_noswap(source->set_data_ptr(at::DataPtr(nullptr, source->device())));
+      source->set_nbytes(0);
+      taken_by.emplace(source, e);
       ++counters_.recompute_moves;
     } else {
+      const c10::Storage& from = taken == taken_by.end() ? fresh[i].storage() : taken->second->storage;
       e->storage.set_data_ptr_noswap(e->storage.allocator()->allocate(e->nbytes));
-      byte_view(e->storage, e->nbytes).copy_(byte_view(source, e->nbytes));
+      byte_view(e->storage, e->nbytes).copy_(byte_view(from, e->nbytes));
     }
     e->storage.set_nbytes(e->nbytes);
     e->state = entry_state::resident;

@@ -23,16 +23,17 @@
 //   with the default CPU and CUDA generators set to their state at the segment's start (and put
 //   back afterwards); every dropped storage of the segment is refilled from the tensors the replay
 //   saved, matched by save order (taking over the memory of those only the replay held, without
-//   an allocation or a copy; copying the others). A replay that saves tensors of other sizes fails with
-//   std::runtime_error ("not deterministic"), changing nothing.
+//   an allocation or a copy; copying the others). A replay that saves tensors of other sizes fails
+//   with std::runtime_error ("not deterministic"), changing nothing.
 // - After each unpack the next `prefetch` spilled storages in backward order (reverse pack order)
 //   start copying back, so that copies overlap compute. The unpacked storage is already held by
 //   the returned alias then, so a prefetch's allocation under pressure cannot evict it; a
 //   prefetch out of memory stops prefetching (the entry is restored when it is unpacked).
 // - Pressure: whenever the resident bytes of evictable saved storages (those only the manager
-//   holds) exceed max_resident (at every pack and unpack, and when a scope ends), and, when constructed with a plugin_allocator, whenever one of its
-//   allocations does not fit the budget (a pressure handler; a manager busy on another thread
-//   answers "nothing" instead of waiting, which could deadlock).
+//   holds) exceed max_resident (at every pack and unpack, and when a scope ends), and, when
+//   constructed with a plugin_allocator, whenever one of its allocations does not fit the budget
+//   (a pressure handler, which evicts only storages whose memory is that device's; a manager busy
+//   on another thread answers "nothing" instead of waiting, which could deadlock).
 // - Victims: dtr (smallest restore cost / (bytes x staleness)), lru, or largest.
 // - Thread-safe: one recursive mutex (autograd runs backward on its own threads; an allocation the
 //   manager makes may come back as pressure on the same thread). Replays run under it.
@@ -125,10 +126,12 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   void begin_segment(segment_replay replay, std::vector<c10::DeviceIndex> cuda_devices);
   void end_segment(double host_seconds);
 
-  // Evicts until `wanted` bytes are freed or nothing evictable is left (on `device` only, if
-  // given); returns (freed, pinned): pinned is what is resident and may not be evicted now.
+  // Evicts until `wanted` bytes are freed or nothing evictable is left; with `memory_of`, only
+  // storages whose memory is a live allocation of that allocator (the pressure handler's: evicting
+  // a CPU storage, or another GPU's, frees nothing there). Returns (freed, pinned): pinned is what
+  // is resident and may not be evicted now (of `memory_of`, if given).
   std::pair<std::size_t, std::size_t> evict(std::size_t wanted,
-                                            std::optional<c10::DeviceIndex> device = std::nullopt);
+                                            const device_allocator* memory_of = nullptr);
   void enforce_max_resident();
 
   activation_stats stats() const;

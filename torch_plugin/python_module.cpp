@@ -12,6 +12,7 @@
 // - ActivationManager: activation_manager.hpp for spillway.activations(). Every method releases
 //   the GIL before it takes the manager's lock, and replays take it back to run Python: a thread
 //   that waits for the lock never holds the GIL, so the two cannot deadlock.
+#include <ATen/Functions.h>
 #include <torch/csrc/utils/pybind.h>  // at::Tensor <-> torch.Tensor (before pybind11's own)
 
 #include <pybind11/functional.h>
@@ -106,6 +107,14 @@ py::dict activation_dict(const torch_plugin::activation_stats& s) {
   return d;
 }
 
+// A new tensor over `t`'s storage, with the same offset, sizes and strides, that no Python object
+// wraps: a tensor a Python object wraps outlives it in C++ (torch preserves the object), and
+// its storage then never looks free for the manager to take over (activation_manager::recompute).
+at::Tensor cpp_only_alias(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return t;
+  return at::empty({0}, t.options()).set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
+}
+
 // A saved activation's handle as autograd keeps it. Dropped with the GIL released: releasing the
 // handle takes the manager's lock.
 struct saved_handle {
@@ -158,7 +167,10 @@ void bind_activation_manager(py::module_& m) {
              torch_plugin::segment_replay run = [fn]() {
                py::gil_scoped_acquire gil;
                std::vector<at::Tensor> saved;
-               for (py::handle t : (*fn)()) saved.push_back(t.cast<at::Tensor>());
+               {
+                 py::object recorded = (*fn)();
+                 for (py::handle t : recorded) saved.push_back(cpp_only_alias(t.cast<at::Tensor>()));
+               }  // the Python tensors go with the list: only `saved` holds their storages now
                return saved;
              };
              py::gil_scoped_release no_gil;
