@@ -12,7 +12,8 @@ Cases
               on PyTorch's own allocator. Must be bit-identical.
 - budgets:    the transformer trained at 70%, 50% and 30% of its unconstrained peak reserved bytes
               (measured first under spillway without a budget), with activations() and checkpoint
-              segments under the allocator's pressure: must complete; step time and peak reported.
+              segments under the allocator's pressure, hybrid, and at 50% also spill-only and
+              drop-only: must complete; step time and peak reported.
 - tooling:    memory_stats, memory_summary, _snapshot with history, empty_cache and the cudnn
               benchmark under spillway.
 - leaks:      --steps training steps; allocated bytes after the last equal those after step 2.
@@ -126,19 +127,21 @@ def case_budgets(tmp):
     base = json.loads(out.strip().splitlines()[-1])
     rows = {"unconstrained": base}
     ok = True
-    for ratio in (0.7, 0.5, 0.3):
+    # Each mode at 50% (spill does no recomputation, drop no copy: which one fails says where).
+    for ratio, mode in ((0.7, "hybrid"), (0.5, "spill"), (0.5, "drop"), (0.5, "hybrid"), (0.3, "hybrid")):
         rc, out, err = run(f"""
             import spillway; spillway.install(budget={int(base["peak"] * ratio)})
             model, data = make("transformer"); model = model.cuda(); x = data().cuda()
-            step(model, x, dict(), segments=6); torch.cuda.synchronize()
+            step(model, x, dict(mode="{mode}"), segments=6); torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-            t = time.perf_counter(); step(model, x, dict(), segments=6); torch.cuda.synchronize()
+            t = time.perf_counter(); step(model, x, dict(mode="{mode}"), segments=6); torch.cuda.synchronize()
             s = spillway.stats()
             print(json.dumps({{"peak": torch.cuda.memory_stats()["reserved_bytes.all.peak"],
                               "step_s": time.perf_counter() - t,
                               "spills": s.get("activations.spills"), "drops": s.get("activations.drops")}}))
         """)
-        rows[f"{ratio:.0%}"] = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {"error": err[-16000:]}
+        key = f"{ratio:.0%}" + ("" if mode == "hybrid" else f" {mode}")
+        rows[key] = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {"error": err[-16000:]}
         ok = ok and rc == 0
     return ok, rows
 
