@@ -49,14 +49,19 @@ Contract
   mode "spill" at --spill-ratio of its unconstrained peak; one step is profiled (CUPTI through
   torch.profiler) and its device<->pinned copies give the bandwidth the spills achieve and the
   fraction of copy time overlapped by kernels; spillway.stats() gives the bytes per step.
-- --smoke: a tiny MLP on CPU (no torchvision or transformers), under a minute on two cores. The
-  pressure is spillway.activations(max_resident=r x the saved-activation bytes) instead of an
-  allocator budget; the PyTorch baselines that run on CPU (checkpoint, save-on-cpu) run as well;
-  native-at-a-budget and compile-budget are recorded as skipped. GPU-only fields are null. (The
-  manager's resident bytes include parameters autograd saves, which are never evictable, so on CPU
-  the pressure is at least what the ratio says: a harness check, not a measurement.) It
-  checks that every configuration ran, that each spillway mode evicted, that every loss is
-  bit-identical to the unconstrained run's, and the search and trace-analysis helpers; exit 1 if not.
+- --smoke: a small MLP on CPU (no torchvision or transformers, batch 1024), about a minute on two
+  cores, at 70% of the peak. spillway's configurations run as on a GPU, under an allocator budget:
+  spillway's simulated device serves the CPU tensors (spillway.install(backend="sim",
+  cpu_tensors=True)), the budget is r x the peak reserved bytes of the unconstrained run on it, and
+  every allocation over it runs the activation manager's pressure handler; their peak_reserved,
+  peak_allocated, budget_bytes and pressure_calls are the simulated device's. The PyTorch
+  baselines that run on CPU (checkpoint, save-on-cpu) run on torch's CPU allocator, with
+  max_resident_bytes = r x the saved-activation bytes recorded for reference (no budget binds
+  them; their GPU-only fields are null); native-at-a-budget and compile-budget are recorded as
+  skipped. It checks that every configuration ran, that each spillway mode evicted through the
+  allocator's pressure and stayed within its budget, that every loss is bit-identical to the
+  unconstrained run's, and the search and trace-analysis helpers; exit 1 if not. A harness check,
+  not a measurement: CPU step times say nothing about a GPU's.
 - Output: one JSON line per configuration on stdout as it finishes; --json FILE gets the whole
   document (metadata, results, summary), rewritten after every configuration so a cut-off run
   leaves a valid file; --resume reuses the results already in that file (ok, oom and error ones;
@@ -247,7 +252,7 @@ def spec_for(a, model, config, ratio, base_bytes, device, **extra):
             "accum": 1, "steps": a.steps, "warmup": a.warmup, "policy": a.policy,
             "spillway_settings": a.spillway_settings, "timeline": a.timeline, "seed": 0}
     if ratio is not None and base_bytes:
-        if device == "cuda":
+        if device == "cuda" or (extra.get("sim") and config.startswith("spillway")):
             spec["budget_bytes"] = int(ratio * base_bytes)
         else:
             spec["max_resident_bytes"] = int(ratio * base_bytes)
@@ -301,7 +306,7 @@ def budget_suite(a, meta, doc, device, smoke=False):
     progress = Progress(total, not a.no_progress)
     for model in a.models:
         base_spec = spec_for(a, model, "native", None, None, device, measure_saved=(device != "cuda"),
-                             deterministic=smoke)
+                             deterministic=smoke, sim=smoke)
         pkg = missing_package(meta, model)
         if pkg:
             skip(doc, progress, base_spec, f"{pkg} is not installed")
@@ -313,7 +318,12 @@ def budget_suite(a, meta, doc, device, smoke=False):
         base_bytes = base.get("peak_reserved") if device == "cuda" else base.get("saved_activation_bytes")
         for ratio in a.budgets:
             for config in configs:
-                spec = spec_for(a, model, config, ratio, base_bytes, device, deterministic=smoke)
+                # In --smoke spillway's configurations run on the simulated device, their budget
+                # a ratio of the reference's peak there; the others as before.
+                sim = smoke and config.startswith("spillway")
+                bytes_of = base.get("peak_reserved") if sim else base_bytes
+                spec = spec_for(a, model, config, ratio, bytes_of, device, deterministic=smoke,
+                                sim=sim)
                 why = skip_reason(spec, base, base_bytes, device)
                 if why:
                     skip(doc, progress, spec, why)
@@ -497,9 +507,9 @@ def spill_bandwidth(a, meta, doc):
 def smoke(a):
     """The harness on CPU: budget suite on the tiny MLP, checks; returns the exit status."""
     t0 = time.perf_counter()
-    a.models, a.configs, a.budgets = ["mlp"], ["native", "compile-budget"] + list(CPU_CONFIGS), [0.3]
+    a.models, a.configs, a.budgets = ["mlp"], ["native", "compile-budget"] + list(CPU_CONFIGS), [0.7]
     a.steps, a.warmup, a.timeout = 2, 1, 120  # --timeline is kept: it exercises the timeline path
-    a.batches = {"mlp": 64}
+    a.batches = {"mlp": 1024}
     failures = check_helpers()
     meta = probe_device()  # in this process: on CPU the parent may import torch
     if not meta.get("spillway"):
@@ -539,15 +549,25 @@ def check_smoke(results):
             continue
         if r["losses"] != ref["losses"]:
             failures.append(f"{name}: losses {r['losses']} differ from the unconstrained run's {ref['losses']}")
-        for field in ("peak_reserved", "peak_allocated", "budget_bytes"):
-            if r.get(field) is not None:
-                failures.append(f"{name}: GPU-only field {field} is {r[field]} on CPU, not null")
         mode = SPILLWAY_MODES.get(r["config"])
         if mode and r["ratio"] is not None:
+            # On the simulated device, under its budget: the allocator's pressure evicted.
+            if not r.get("budget_bytes") or not r.get("peak_reserved"):
+                failures.append(f"{name}: no budget or peak on the simulated device: "
+                                f"{r.get('budget_bytes')}, {r.get('peak_reserved')}")
+            elif r["peak_reserved"] > r["budget_bytes"]:
+                failures.append(f"{name}: peak reserved {r['peak_reserved']} over the budget "
+                                f"{r['budget_bytes']}")
             want = {"spill": ("spills",), "drop": ("drops", "recomputes"), "hybrid": ("evictions",)}[mode]
-            for k in want:
+            for k in want + ("pressure_calls",):
                 if not r.get(k):
-                    failures.append(f"{name}: expected {k} > 0 under max_resident, got {r.get(k)}")
+                    failures.append(f"{name}: expected {k} > 0 under the budget, got {r.get(k)}")
+        elif r["ratio"] is not None:
+            for field in ("peak_reserved", "peak_allocated", "budget_bytes"):
+                if r.get(field) is not None:
+                    failures.append(f"{name}: GPU-only field {field} is {r[field]} on CPU, not null")
+    if not ref.get("peak_reserved"):
+        failures.append("the unconstrained run measured no peak on the simulated device")
     return failures
 
 

@@ -192,12 +192,28 @@ class Timeline:
             h.remove()
 
 
+SIM_CAPACITY = "16GiB"
+
+
+def on_simulated_device(spec):
+    """A CPU run whose tensors spillway's simulated device serves (spec "sim"): the spillway
+    configurations, under their budget, and the unconstrained reference, without one."""
+    return (spec["device"] == "cpu" and bool(spec.get("sim")) and
+            (spec["config"].startswith("spillway") or spec.get("ratio") is None))
+
+
 def install_for(spec):
     """Installs spillway (CUDA, spillway configurations) or sets the memory fraction (CUDA,
     PyTorch configurations with a budget). Must run before anything touches CUDA."""
     torch = import_torch()
     config, device, budget = spec["config"], spec["device"], spec.get("budget_bytes")
-    if config.startswith("spillway"):
+    if on_simulated_device(spec):
+        # CPU tensors on spillway's simulated device, under the budget (None: the reference run,
+        # which measures the peak the budgets are ratios of).
+        import spillway
+        spillway.install(budget=budget, policy=spec.get("policy"), backend="sim",
+                         sim_capacity=SIM_CAPACITY, cpu_tensors=True)
+    elif config.startswith("spillway"):
         import spillway
         if device == "cuda":
             settings = dict(spec.get("spillway_settings") or {})
@@ -291,11 +307,15 @@ def _finish(torch, spec, result):
         result["step_ms_median"] = round(med, 3)
         result["samples_per_s"] = round(samples / (med / 1e3), 3)
         result["ms_per_sample"] = round(med / samples, 6)
-    if spec["device"] != "cuda":
+    if spec["device"] != "cuda" and not on_simulated_device(spec):
         gpu_fields_null(result)
         return
     try:
-        ms = torch.cuda.memory_stats()
+        if spec["device"] == "cuda":
+            ms = torch.cuda.memory_stats()
+        else:
+            import spillway
+            ms = spillway.stats()
         result["peak_reserved"] = ms.get("reserved_bytes.all.peak")
         result["peak_allocated"] = ms.get("allocated_bytes.all.peak")
         result["alloc_retries"] = ms.get("num_alloc_retries")

@@ -622,7 +622,13 @@ TEST_CASE_TEMPLATE("lowering the budget releases the cache and reports", B, SPIL
   // The cache still serves; new memory is refused.
   void* from_cache = alloc.allocate(2 * MiB);
   CHECK(alloc.describe(from_cache).segment_base == alloc.describe(a).segment_base);
-  CHECK_THROWS_AS(alloc.allocate(100), out_of_memory);  // would need a new small segment
+  // A small request, which would need a new small segment, takes the large segment's free block
+  // instead (step 6 of Note [Memory pressure path]); what fits no cached block fails.
+  void* borrowed = alloc.allocate(100);
+  CHECK(alloc.describe(borrowed).segment_base == alloc.describe(a).segment_base);
+  CHECK(alloc.stats().num_small_from_large == 1);
+  alloc.deallocate(borrowed);
+  CHECK_THROWS_AS(alloc.allocate(16 * MiB), out_of_memory);  // would need a new segment
 
   // Raising it back makes room again.
   r = alloc.set_budget(unlimited_budget);

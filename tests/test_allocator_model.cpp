@@ -376,11 +376,17 @@ class model_run {
     CHECK(e.info().budget == alloc_->budget());
     CHECK(e.info().allocated == static_cast<std::size_t>(st.allocated_bytes[0].current));
     CHECK(e.info().reserved == static_cast<std::size_t>(st.reserved_bytes[0].current));
-    // No cached block of the request's pool and stream could serve it.
+    // No cached block of the request's pool and stream could serve it; nor, for a small request
+    // with fixed segments, a free block of the large pool that may be split (step 6).
+    const std::int64_t max_split = st.max_split_size;
     for (const segment_info& seg : snap.segments) {
-      if (seg.stream != s || seg.is_large == sc::is_small(rounded)) continue;
+      if (seg.stream != s) continue;
+      const bool own_pool = seg.is_large != sc::is_small(rounded);
+      const bool borrowable = seg.is_large && sc::is_small(rounded) && !rc_.expandable;
+      if (!own_pool && !borrowable) continue;
       for (const block_info& b : seg.blocks) {
-        CHECK_FALSE((!b.active() && b.size >= rounded));
+        const bool splittable = own_pool || max_split < 0 || b.size < static_cast<std::size_t>(max_split);
+        CHECK_FALSE((!b.active() && b.size >= rounded && splittable));
       }
     }
     // The frees waiting on other streams were awaited before giving up: every stream's work
@@ -459,7 +465,10 @@ class model_run {
           CHECK(b.requested_size == a.requested);
           CHECK(b.size >= a.rounded);
           CHECK((b.size == a.rounded || !sc::should_split(b.size, a.rounded)));
-          CHECK(seg.is_large == !sc::is_small(a.rounded));
+          // Large requests only in large segments; a small one in a large segment only when it
+          // took a large block under pressure (step 6), never with expandable segments.
+          CHECK((seg.is_large || sc::is_small(a.rounded)));
+          if (seg.is_large && sc::is_small(a.rounded)) CHECK_FALSE(rc_.expandable);
           CHECK(seg.stream == a.stream);
           CHECK(seg.is_expandable == rc_.expandable);
         } else if (b.state == block_state::active_pending_free) {

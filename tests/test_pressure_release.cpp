@@ -7,8 +7,10 @@
 // shortfall alone goes, or else the largest first until it is covered, and the rest stays cached;
 // with expandable segments free granules anywhere are unmapped to cover it. (Free cache that does
 // not cover the shortfall is kept while the handlers are asked: test_pressure_handlers.cpp.)
+// And step 6: a small request that nothing else serves takes a free block of the large pool.
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <initializer_list>
 #include <memory>
 #include <vector>
@@ -132,4 +134,53 @@ TEST_CASE("with expandable segments, free granules that cover the shortfall are 
   alloc.deallocate(x);
   alloc.deallocate(b);
   alloc.deallocate(e);
+}
+
+TEST_CASE("a small request takes a free block of the large pool once no segment fits the budget") {
+  // Step 6: a 3 MiB block holds a 20 MiB large segment, the budget is 20 MiB, and a 4 KiB request
+  // wants a 2 MiB small segment. Nothing can be released or evicted: the request is served from
+  // the large segment's free 17 MiB, and when freed that block merges back into it.
+  auto env = make_sim_env();
+  allocator_config c = env->config();
+  c.budget = 20 * MiB;
+  device_allocator alloc(env->backend, c);
+  const stream_ref s = env->new_stream();
+  int calls = 0;
+  alloc.add_pressure_handler([&](const pressure_request&) {
+    ++calls;
+    return pressure_result{0, 0};
+  });
+  void* big = alloc.allocate(3 * MiB, s);
+  REQUIRE(alloc.stats().reserved_bytes[0].current == static_cast<std::int64_t>(20 * MiB));
+  void* small = alloc.allocate(4096, s);
+  const memory_stats st = alloc.stats();
+  CHECK(st.num_small_from_large == 1);
+  CHECK(calls == 1);  // the handlers were asked first
+  CHECK(st.reserved_bytes[0].current == static_cast<std::int64_t>(20 * MiB));
+  const int large = static_cast<int>(stat_type::large_pool);
+  CHECK(st.allocation[large].current == 2);  // counted where its memory is
+  CHECK(alloc.describe(small).segment_base == alloc.describe(big).segment_base);
+  check_stats_match_snapshot(st, alloc.snapshot());
+  std::memset(small, 0x5a, 4096);  // real bytes on the simulated device
+  alloc.deallocate(small);
+  alloc.deallocate(big);
+  const memory_stats after = alloc.stats();
+  CHECK(after.allocated_bytes[0].current == 0);
+  CHECK(after.allocation[large].current == 0);
+  CHECK(alloc.largest_free_block() == 20 * MiB);  // merged back whole
+  check_snapshot_invariants(alloc.snapshot());
+}
+
+TEST_CASE("with expandable segments a small request grows its own pool instead") {
+  auto env = make_sim_env();
+  allocator_config c = env->config();
+  c.budget = 8 * MiB;
+  c.expandable_segments = true;
+  device_allocator alloc(env->backend, c);
+  const stream_ref s = env->new_stream();
+  void* big = alloc.allocate(3 * MiB, s);
+  void* small = alloc.allocate(4096, s);
+  CHECK(alloc.stats().num_small_from_large == 0);
+  alloc.deallocate(small);
+  alloc.deallocate(big);
 }

@@ -86,6 +86,7 @@ py::dict stats_dict(const memory_stats& s) {
   d["num_pressure_handler_calls"] = s.num_pressure_handler_calls;
   d["pressure_handler_freed_bytes"] = s.pressure_handler_freed_bytes;
   d["num_releases_before_eviction"] = s.num_releases_before_eviction;
+  d["num_small_from_large"] = s.num_small_from_large;
   return d;
 }
 

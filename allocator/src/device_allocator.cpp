@@ -123,7 +123,11 @@ void* device_allocator::allocate(std::size_t bytes, stream_ref stream) {
 
   std::unique_lock lock(m.mutex);
   block* b = pool.best_fit(stream, rounded);  // cache hit: the smallest cached block that fits
-  if (b == nullptr) [[unlikely]] b = m.allocate_slow_releasing_lock(lock, pool, stream, rounded, bytes);
+  if (b == nullptr) [[unlikely]] {
+    b = m.allocate_slow_releasing_lock(lock, pool, stream, rounded, bytes);
+    m.take_block_locked(m.pool_of(b), b, rounded, bytes);  // the large pool's, in its step 6
+    return b->ptr();
+  }
   m.take_block_locked(pool, b, rounded, bytes);
   return b->ptr();
 }

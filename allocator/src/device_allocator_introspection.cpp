@@ -92,7 +92,7 @@ void device_allocator::reset_accumulated_stats() {
   s.num_alloc_retries = s.num_ooms = s.num_sync_all_streams = 0;
   s.num_device_alloc = s.num_device_free = s.num_invalid_frees = 0;
   s.num_pressure_handler_calls = s.pressure_handler_freed_bytes = 0;
-  s.num_releases_before_eviction = 0;
+  s.num_releases_before_eviction = s.num_small_from_large = 0;
 }
 
 memory_snapshot device_allocator::snapshot() const {

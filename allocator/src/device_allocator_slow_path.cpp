@@ -14,7 +14,8 @@
 //                                 evictions emptied are released before the next round
 //   5. release_cached             frees pending on other streams are awaited; every free segment
 //                                 goes back to the device, then reserve again
-//   6. fail                       out_of_memory, with the numbers that explain it
+//   6. small from large           a small request takes a free block of the large pool
+//   7. fail                       out_of_memory, with the numbers that explain it
 //
 // A release synchronises the device (like cudaFree) and eviction does not, but an eviction costs
 // a recompute or a copy later; step 3 releases only when that alone serves the request. The
@@ -100,7 +101,19 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
   if (release_cached_locked() > 0) {
     if (block* b = reserve_locked(pool, stream, rounded)) return b;
   }
-  // Step 6: fail; nothing has changed for the caller.
+  // Step 6: a small request takes a free block of the large pool. The pools are kept apart so
+  // that small blocks do not hold large segments, but a request that cached memory can serve
+  // must not fail for it once the budget allows no new segment. Not with expandable segments
+  // (their free blocks may be unmapped; the small pool grows by granules instead), nor from an
+  // oversize block (never split). The caller takes the block from the pool of its segment.
+  if (pool.small() && granularity == 0) {
+    if (block* b = large_pool.best_fit(stream, rounded);
+        b != nullptr && b->size < large_pool.max_split_size()) {
+      ++stats.num_small_from_large;
+      return b;
+    }
+  }
+  // Step 7: fail; nothing has changed for the caller.
   throw_out_of_memory_locked(requested, rounded, pinned);
 }
 

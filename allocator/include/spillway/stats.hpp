@@ -71,6 +71,9 @@ struct memory_stats {
   // Allocations over the budget served by giving free cached memory back, with no handler call
   // (step 3 of Note [Memory pressure path]): counted when the reservation that followed succeeded.
   std::int64_t num_releases_before_eviction = 0;
+  // Small requests served by a free block of the large pool once nothing else could serve them
+  // (step 6 of Note [Memory pressure path]).
+  std::int64_t num_small_from_large = 0;
 };
 
 }  // namespace spillway
