@@ -53,6 +53,14 @@ void check_identical(const result& a, const result& b) {
   for (std::size_t i = 0; i < a.grads.size(); ++i) CHECK(at::equal(a.grads[i], b.grads[i]));
 }
 
+// Drop-only, every size, evicting only when the test calls evict().
+activation_options drop_when_asked() {
+  activation_options o;
+  o.mode = activation_mode::drop;
+  o.min_bytes = 0;
+  return o;
+}
+
 activation_options evict_all(activation_mode mode) {
   activation_options o;
   o.max_resident = 0;
@@ -160,10 +168,7 @@ TEST_CASE("a replay never refills another storage that took the address of one i
   // segment 2, is made until its StorageImpl lands at a's old address (as malloc often does at
   // once). b and c are dropped. Recomputing segment 1 (for b) must not take c for a and refill it
   // with segment 1's bytes: c must come back from its own segment.
-  activation_options o;
-  o.mode = activation_mode::drop;
-  o.min_bytes = 0;
-  auto manager = activation_manager::make(o);
+  auto manager = activation_manager::make(drop_when_asked());
   constexpr std::int64_t n = 1024;
   auto replay_of = [](std::vector<float> values) {
     return [values] {
@@ -220,10 +225,7 @@ TEST_CASE("a replay that saves one storage where the first run saved two refills
   // (two tensors over it). The first entry takes over the replay's memory; the second must
   // get a copy of it, not the memory the first took (which left the replay's storage empty). And
   // a tensor the replay returns that something else still holds keeps its memory: it is copied.
-  activation_options o;
-  o.mode = activation_mode::drop;
-  o.min_bytes = 0;
-  auto manager = activation_manager::make(o);
+  auto manager = activation_manager::make(drop_when_asked());
   constexpr std::int64_t n = 1024;
   const at::Tensor kept = at::full({n}, 7.0f);
   manager->begin_segment([kept] {
