@@ -50,7 +50,7 @@ Contract
   torch.profiler) and its device<->pinned copies give the bandwidth the spills achieve and the
   fraction of copy time overlapped by kernels; spillway.stats() gives the bytes per step.
 - --smoke: a small MLP on CPU (no torchvision or transformers, batch 1024), about a minute on two
-  cores, at 70% of the peak. spillway's configurations run as on a GPU, under an allocator budget:
+  cores, at --smoke-ratio (default 70%) of the peak. spillway's configurations run as on a GPU, under an allocator budget:
   spillway's simulated device serves the CPU tensors (spillway.install(backend="sim",
   cpu_tensors=True)), the budget is r x the peak reserved bytes of the unconstrained run on it, and
   every allocation over it runs the activation manager's pressure handler; their peak_reserved,
@@ -507,7 +507,7 @@ def spill_bandwidth(a, meta, doc):
 def smoke(a):
     """The harness on CPU: budget suite on the tiny MLP, checks; returns the exit status."""
     t0 = time.perf_counter()
-    a.models, a.configs, a.budgets = ["mlp"], ["native", "compile-budget"] + list(CPU_CONFIGS), [0.7]
+    a.models, a.configs, a.budgets = ["mlp"], ["native", "compile-budget"] + list(CPU_CONFIGS), [a.smoke_ratio]
     a.steps, a.warmup, a.timeout = 2, 1, 120  # --timeline is kept: it exercises the timeline path
     a.batches = {"mlp": 1024}
     failures = check_helpers()

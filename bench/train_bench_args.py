@@ -127,6 +127,8 @@ def build_parser():
     p.add_argument("--json", metavar="FILE", help="write the JSON document here (rewritten as results come)")
     p.add_argument("--resume", action="store_true", help="reuse the results already in --json FILE")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    p.add_argument("--smoke-ratio", type=float, default=0.7,
+                   help="--smoke: the budget, a ratio of the unconstrained peak (default 0.7)")
     # --max-batch
     p.add_argument("--memory", default="11GiB", help="--max-batch: the memory cap (default %(default)s)")
     p.add_argument("--precision", default="fp32,amp", help="--max-batch: fp32, amp or both (default %(default)s)")
@@ -162,6 +164,8 @@ def check_args(a):
         raise ArgError(f"--timeout {a.timeout} is invalid: expected seconds > 0")
     if not 0 < a.tolerance < 1:
         raise ArgError(f"--tolerance {a.tolerance} is invalid: expected a fraction in (0, 1)")
+    if not 0 < a.smoke_ratio <= 1:
+        raise ArgError(f"--smoke-ratio {a.smoke_ratio} is invalid: expected a ratio in (0, 1]")
     if not 0 < a.spill_ratio <= 1:
         raise ArgError(f"--spill-ratio {a.spill_ratio} is invalid: expected a ratio in (0, 1]")
     if a.spill_model not in MODELS:
