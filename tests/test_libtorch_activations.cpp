@@ -257,3 +257,35 @@ TEST_CASE("a replay that saves one storage where the first run saved two refills
   CHECK(kept.storage().data() != c.storage().data());
   CHECK(at::equal(kept, at::full({n}, 7.0f)));
 }
+
+TEST_CASE("without host memory for a spill, a storage is dropped if it can be, else kept") {
+  // max_spilled = 0: no spill can be made. In hybrid mode the checkpoint segments' storages are
+  // dropped instead of spilled and the others stay resident; in spill mode nothing is evicted.
+  // Either way training is bit-identical: nothing is lost.
+  enable_libtorch_hooks();
+  const result reference = train_step(nullptr, true);
+  for (activation_mode mode : {activation_mode::hybrid, activation_mode::spill}) {
+    CAPTURE(static_cast<int>(mode));
+    activation_options o = evict_all(mode);
+    o.link_bandwidth = 1e30;  // every spill is cheaper than its recompute: hybrid would spill
+    o.max_spilled = 0;
+    auto manager = activation_manager::make(o);
+    check_identical(train_step(manager, true), reference);
+    const activation_stats s = manager->stats();
+    CHECK(s.spills == 0);
+    CHECK(s.spill_fallbacks > 0);
+    if (mode == activation_mode::hybrid) {
+      CHECK(s.drops > 0);
+      CHECK(s.recomputes > 0);
+    } else {
+      CHECK(s.evictions == 0);
+    }
+  }
+  // A cap of one storage's bytes: spills up to it, then falls back.
+  activation_options o = evict_all(activation_mode::spill);
+  o.max_spilled = 128 * 1024;  // 128 KiB: one 256 x 128 float activation
+  auto manager = activation_manager::make(o);
+  check_identical(train_step(manager, true), reference);
+  CHECK(manager->stats().spills > 0);
+  CHECK(manager->stats().spill_fallbacks > 0);
+}

@@ -133,6 +133,29 @@ class Spill(unittest.TestCase):
         self.assertGreater(stats["prefetches"], 0)
         self.assertEqual(stats["drops"], 0)
 
+    def test_without_host_memory_segments_are_dropped_and_the_rest_kept(self):
+        # max_spilled=0: no spill can be made; hybrid drops the segment's storages instead (the
+        # link is made so fast that it would spill them all), the rest stays resident.
+        torch.manual_seed(0)
+        model = mlp(depth=4)
+        x = torch.randn(256, 256)
+        reference = step(copy.deepcopy(model), x, lambda m, x: m(x))
+
+        def forward(m, x):
+            with spillway.activations(max_resident=0, mode="hybrid", min_bytes=0, max_spilled=0,
+                                      link_bandwidth=1e30) as acts:
+                y = spillway.checkpoint(m[:6], x)
+                y = m[6:](y)
+            forward.acts = acts
+            return y
+        got = step(model, x, forward)
+        assert_identical(self, reference, got)
+        stats = forward.acts.stats()
+        self.assertEqual(stats["spills"], 0)
+        self.assertGreater(stats["spill_fallbacks"], 0)
+        self.assertGreater(stats["drops"], 0)
+        self.assertGreater(stats["recomputes"], 0)
+
     def test_entries_are_released_after_backward(self):
         model = mlp(depth=2)
         with spillway.activations(max_resident=0, mode="spill", min_bytes=0) as acts:
@@ -193,6 +216,8 @@ class BadInput(unittest.TestCase):
             spillway.activations(prefetch=-1)
         with self.assertRaisesRegex(ValueError, "invalid size"):
             spillway.activations(max_resident="lots")
+        with self.assertRaisesRegex(ValueError, "size -1 is invalid"):
+            spillway.activations(max_spilled=-1)
         with self.assertRaisesRegex(ValueError, "segments 0 is invalid"):
             spillway.Sequential(mlp(depth=1), 0)
 

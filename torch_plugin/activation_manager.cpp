@@ -39,6 +39,7 @@ void add_counters(activation_stats& into, const activation_stats& s) {
   into.restores += s.restores;
   into.recomputes += s.recomputes;
   into.recompute_moves += s.recompute_moves;
+  into.spill_fallbacks += s.spill_fallbacks;
   into.bytes_spilled += s.bytes_spilled;
   into.bytes_dropped += s.bytes_dropped;
   into.bytes_restored += s.bytes_restored;
@@ -133,7 +134,7 @@ std::vector<std::pair<std::string, std::uint64_t>> activation_stats::fields() co
   return {{"packed", packed},           {"evictions", evictions},
           {"spills", spills},           {"drops", drops},
           {"restores", restores},       {"recomputes", recomputes},
-          {"recompute_moves", recompute_moves},
+          {"recompute_moves", recompute_moves}, {"spill_fallbacks", spill_fallbacks},
           {"bytes_spilled", bytes_spilled}, {"bytes_dropped", bytes_dropped},
           {"bytes_restored", bytes_restored}, {"prefetches", prefetches},
           {"pressure_calls", pressure_calls}, {"registered", registered},
@@ -206,7 +207,10 @@ void activation_manager::forget(entry& e) {
     return;
   }
   if (e.state == entry_state::resident) resident_bytes_ -= e.nbytes;
-  if (e.state == entry_state::spilled) spilled_.erase(e.seq);
+  if (e.state == entry_state::spilled) {
+    spilled_.erase(e.seq);
+    spilled_bytes_ -= e.nbytes;
+  }
   entries_.erase(e.storage.unsafeGetStorageImpl());  // destroys e
 }
 
@@ -419,9 +423,18 @@ void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& 
 }
 }  // namespace
 
-void activation_manager::copy_out(entry& e) {
+at::Tensor activation_manager::spill_buffer(const entry& e) {
+  if (options_.max_spilled && spilled_bytes_ + e.nbytes > *options_.max_spilled) return {};
+  try {
+    return host_bytes(e.nbytes, e.device.is_cuda());
+  } catch (const std::exception&) {  // host memory (pinned, for CUDA) is exhausted
+    return {};
+  }
+}
+
+void activation_manager::copy_out(entry& e, at::Tensor host) {
   at::Tensor source = byte_view(e.storage, e.nbytes);
-  e.host = host_bytes(e.nbytes, e.device.is_cuda());
+  e.host = std::move(host);
   if (!e.device.is_cuda()) {
     e.host.copy_(source);
     return;
@@ -438,15 +451,25 @@ void activation_manager::copy_out(entry& e) {
 }
 
 std::size_t activation_manager::evict_one(entry& e) {
-  const bool drop = restore_cost(e).second;
+  bool drop = restore_cost(e).second;
+  at::Tensor host;
+  if (!drop) {
+    host = spill_buffer(e);
+    if (!host.defined()) {  // no host memory for it (max_spilled, or none left): never lose it
+      ++counters_.spill_fallbacks;
+      if (e.lineage == nullptr || options_.mode == activation_mode::spill) return 0;
+      drop = true;  // its segment recomputes it
+    }
+  }
   if (drop) {
     e.state = entry_state::dropped;
     ++counters_.drops;
     counters_.bytes_dropped += e.nbytes;
   } else {
-    copy_out(e);
+    copy_out(e, std::move(host));
     e.state = entry_state::spilled;
     spilled_[e.seq] = &e;
+    spilled_bytes_ += e.nbytes;
     ++counters_.spills;
     counters_.bytes_spilled += e.nbytes;
   }
@@ -496,6 +519,7 @@ void activation_manager::copy_in(entry& e) {
   e.state = entry_state::resident;
   e.last_use = now_seconds();  // a restore is a use: a prefetched entry is not the next victim
   spilled_.erase(e.seq);
+  spilled_bytes_ -= e.nbytes;
   resident_bytes_ += e.nbytes;
   ++counters_.restores;
   counters_.bytes_restored += e.nbytes;

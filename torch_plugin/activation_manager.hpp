@@ -34,6 +34,10 @@
 //   constructed with a plugin_allocator, whenever one of its allocations does not fit the budget
 //   (a pressure handler, which evicts only storages whose memory is that device's; a manager busy
 //   on another thread answers "nothing" instead of waiting, which could deadlock).
+// - Host memory: a spill that would take spilled copies over max_spilled bytes, or whose host
+//   buffer cannot be allocated (pinned memory exhausted), is not made, and nothing is lost: the
+//   storage is dropped instead when its segment can recompute it (modes hybrid and drop), else it
+//   stays resident and the next victim is tried (stats: spill_fallbacks).
 // - Victims: dtr (smallest restore cost / (bytes x staleness)), lru, or largest.
 // - Thread-safe: one recursive mutex (autograd runs backward on its own threads; an allocation the
 //   manager makes may come back as pressure on the same thread). Replays run under it.
@@ -74,11 +78,13 @@ struct activation_options {
   std::size_t prefetch = 2;
   std::size_t min_bytes = std::size_t{64} << 10;
   double link_bandwidth = 25e9;             // host link, bytes per second
+  std::optional<std::size_t> max_spilled;   // host bytes spilled copies may hold; none: no cap
 };
 
 struct activation_stats {
   std::uint64_t packed = 0, evictions = 0, spills = 0, drops = 0, restores = 0, recomputes = 0,
                 recompute_moves = 0,  // dropped storages refilled by taking the replay's memory
+                spill_fallbacks = 0,  // spills not made for want of host memory (see evict)
                 bytes_spilled = 0, bytes_dropped = 0, bytes_restored = 0, prefetches = 0,
                 pressure_calls = 0;
   std::uint64_t registered = 0, resident_bytes = 0, spilled_bytes = 0, dropped_bytes = 0;
@@ -153,7 +159,8 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   std::pair<double, bool> restore_cost(entry& e);  // seconds, true = drop
   entry* choose(std::vector<entry*>& candidates, double now);
   std::size_t evict_one(entry& e);
-  void copy_out(entry& e);
+  at::Tensor spill_buffer(const entry& e);  // undefined: no host memory for it
+  void copy_out(entry& e, at::Tensor host);
   void copy_in(entry& e);
   void make_resident(entry& e);
   void recompute(segment& s);
@@ -169,6 +176,7 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   std::vector<std::shared_ptr<segment>> open_segments_;
   std::uint64_t next_seq_ = 0;
   std::size_t resident_bytes_ = 0;
+  std::size_t spilled_bytes_ = 0;  // held by spilled copies in host memory
   activation_stats counters_;
 };
 

@@ -134,7 +134,7 @@ void bind_activation_manager(py::module_& m) {
   py::class_<activation_manager, std::shared_ptr<activation_manager>>(m, "ActivationManager")
       .def(py::init([](std::optional<std::size_t> max_resident, const std::string& mode,
                        const std::string& policy, std::size_t prefetch, std::size_t min_bytes,
-                       double link_bandwidth) {
+                       double link_bandwidth, std::optional<std::size_t> max_spilled) {
              torch_plugin::activation_options o;
              o.max_resident = max_resident;
              o.mode = torch_plugin::parse_activation_mode(mode);
@@ -142,11 +142,12 @@ void bind_activation_manager(py::module_& m) {
              o.prefetch = prefetch;
              o.min_bytes = min_bytes;
              o.link_bandwidth = link_bandwidth;
+             o.max_spilled = max_spilled;
              // With spillway installed, the manager also answers its allocator's pressure.
              return activation_manager::make(o, current ? &current->devices() : nullptr);
            }),
            py::arg("max_resident"), py::arg("mode"), py::arg("policy"), py::arg("prefetch"),
-           py::arg("min_bytes"), py::arg("link_bandwidth"))
+           py::arg("min_bytes"), py::arg("link_bandwidth"), py::arg("max_spilled"))
       .def("pack",
            [](activation_manager& self, const at::Tensor& tensor) -> py::object {
              std::shared_ptr<activation_manager::saved> handle;

@@ -33,6 +33,9 @@ Contract
   exits; works with any allocator and on CPU); (b) when spillway is installed, whenever an
   allocation does not fit the budget: the allocator calls the manager, which evicts until the
   request fits or nothing evictable is left.
+- Host memory: `max_spilled` caps the bytes spilled copies hold. A spill over it, or one whose
+  host buffer cannot be allocated, is not made and nothing is lost: the activation is dropped
+  instead when its checkpoint segment can recompute it, else it stays and the next is tried.
 - Victims: policy "dtr" (smallest restore cost / (bytes x staleness)), "lru", or "largest".
 - Thread-safe (autograd runs backward on its own threads): the manager's lock is taken with the
   GIL released.
@@ -92,7 +95,7 @@ class ActivationManager:
     """The saved activations of one `activations()` block (see the module docstring)."""
 
     def __init__(self, max_resident=None, mode="hybrid", policy=None, prefetch=2,
-                 min_bytes=1 << 16, link_bandwidth=25e9):
+                 min_bytes=1 << 16, link_bandwidth=25e9, max_spilled=None):
         from . import parse_size
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"spillway.activations: prefetch {prefetch!r} is invalid: expected an "
@@ -101,7 +104,8 @@ class ActivationManager:
             raise ValueError(f"spillway.activations: min_bytes {min_bytes!r} is invalid: expected "
                              "an int >= 0")
         self._m = _C.ActivationManager(parse_size(max_resident), mode, policy or _default_policy,
-                                       prefetch, min_bytes, float(link_bandwidth))
+                                       prefetch, min_bytes, float(link_bandwidth),
+                                       parse_size(max_spilled))
 
     def stats(self):
         return self._m.stats()
@@ -172,15 +176,19 @@ class ActivationManager:
 
 
 def activations(max_resident=None, mode="hybrid", policy=None, prefetch=2, min_bytes=1 << 16,
-                link_bandwidth=25e9):
+                link_bandwidth=25e9, max_spilled=None):
     """A context manager: activations saved for backward inside it are evictable (module docstring).
 
     max_resident: bytes (or "512MiB") of evictable saved activations kept resident; None: evict only under
     the installed allocator's budget. mode: "hybrid", "spill" or "drop". policy: "dtr", "lru",
     "largest" (default: spillway.install's). prefetch: spilled activations copied back ahead of use.
     min_bytes: smaller tensors are saved as they are. link_bandwidth: host link bytes per second for
-    the spill-or-recompute choice. Returns the ActivationManager."""
-    return ActivationManager(max_resident, mode, policy, prefetch, min_bytes, link_bandwidth)
+    the spill-or-recompute choice. max_spilled: bytes (or "4GiB") of host memory (pinned, for CUDA)
+    spilled copies may hold; None: no cap. A spill over it, or one whose host buffer cannot be
+    allocated, is not made: the activation is dropped instead when a checkpoint segment can
+    recompute it, else kept and the next one tried. Returns the ActivationManager."""
+    return ActivationManager(max_resident, mode, policy, prefetch, min_bytes, link_bandwidth,
+                             max_spilled)
 
 
 def _current_manager():
