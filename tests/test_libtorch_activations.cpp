@@ -7,11 +7,15 @@
 // in-place state listed in `keep` is updated once; that a storage the program holds is never
 // evicted; that a non-deterministic segment fails clearly; that a replay never refills a storage
 // that took the address of one its segment saved (it did: silently wrong bytes), nor leaves a
-// storage empty when the replay saves one tensor where the first run saved two; and that bad
+// storage empty when the replay saves one tensor where the first run saved two; that a spill
+// without host memory (max_spilled, or a host allocation that fails) loses nothing; and that bad
 // options name the value.
 #include "torch_doctest.hpp"  // ATen and doctest
 #include <ATen/core/grad_mode.h>
+#include <c10/core/CPUAllocator.h>
 
+#include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -288,4 +292,40 @@ TEST_CASE("without host memory for a spill, a storage is dropped if it can be, e
   check_identical(train_step(manager, true), reference);
   CHECK(manager->stats().spills > 0);
   CHECK(manager->stats().spill_fallbacks > 0);
+}
+
+TEST_CASE("a host allocation that fails is a spill not made, never a storage lost") {
+  // The host allocator of spilled copies fails from its third allocation on: two spills are
+  // made, then every other one falls back (hybrid: the segment's storages are dropped; spill:
+  // kept resident). Training stays bit-identical.
+  struct failing_host final : c10::Allocator {
+    int left = 2;
+    c10::DataPtr allocate(std::size_t n) override {
+      if (left-- <= 0) throw std::bad_alloc();
+      return c10::GetDefaultCPUAllocator()->allocate(n);
+    }
+    c10::DeleterFnPtr raw_deleter() const override {
+      return c10::GetDefaultCPUAllocator()->raw_deleter();
+    }
+    void copy_data(void* dest, const void* src, std::size_t count) const override {
+      std::memcpy(dest, src, count);
+    }
+  };
+  enable_libtorch_hooks();
+  const result reference = train_step(nullptr, true);
+  for (activation_mode mode : {activation_mode::hybrid, activation_mode::spill}) {
+    CAPTURE(static_cast<int>(mode));
+    failing_host host;
+    activation_options o = evict_all(mode);
+    o.link_bandwidth = 1e30;  // hybrid would spill everything it can
+    o.host_allocator = &host;
+    auto manager = activation_manager::make(o);
+    check_identical(train_step(manager, true), reference);
+    const activation_stats s = manager->stats();
+    CHECK(s.spills == 2);
+    CHECK(s.spill_fallbacks > 0);
+    CHECK(s.restores == 2);
+    if (mode == activation_mode::hybrid) CHECK(s.drops > 0);
+    if (mode == activation_mode::spill) CHECK(s.drops == 0);
+  }
 }

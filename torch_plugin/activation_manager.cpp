@@ -384,12 +384,12 @@ std::pair<c10::cuda::CUDAStream, c10::cuda::CUDAStream> copy_streams(c10::Device
   return it->second;
 }
 // Host memory for spilled bytes: pinned for a CUDA storage (its copies run on a copy engine,
-// asynchronously), else torch's default CPU allocator's, never the CPU allocator installed: that
-// may be spillway's simulated device (sim_cpu_tensors.hpp), the very memory a spill frees.
-at::Tensor host_bytes(std::size_t nbytes, bool pinned) {
+// asynchronously), else `allocator`'s or torch's default CPU allocator's, never the CPU allocator
+// installed: that may be spillway's simulated device (sim_cpu_tensors.hpp), the memory a spill frees.
+at::Tensor host_bytes(std::size_t nbytes, bool pinned, c10::Allocator* allocator) {
   const std::vector<int64_t> size{static_cast<int64_t>(nbytes)};
   if (pinned) return at::empty(size, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-  return at::detail::empty_generic(size, c10::GetDefaultCPUAllocator(),
+  return at::detail::empty_generic(size, allocator != nullptr ? allocator : c10::GetDefaultCPUAllocator(),
                                    c10::DispatchKeySet(c10::DispatchKey::CPU), at::kByte,
                                    std::nullopt);
 }
@@ -426,7 +426,7 @@ void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& 
 at::Tensor activation_manager::spill_buffer(const entry& e) {
   if (options_.max_spilled && spilled_bytes_ + e.nbytes > *options_.max_spilled) return {};
   try {
-    return host_bytes(e.nbytes, e.device.is_cuda());
+    return host_bytes(e.nbytes, e.device.is_cuda(), options_.host_allocator);
   } catch (const std::exception&) {  // host memory (pinned, for CUDA) is exhausted
     return {};
   }

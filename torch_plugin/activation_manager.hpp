@@ -79,6 +79,9 @@ struct activation_options {
   std::size_t min_bytes = std::size_t{64} << 10;
   double link_bandwidth = 25e9;             // host link, bytes per second
   std::optional<std::size_t> max_spilled;   // host bytes spilled copies may hold; none: no cap
+  // Where spilled copies of CPU storages go; nullptr: torch's default CPU allocator (never the
+  // one installed, see copy_out). CUDA storages always spill to pinned memory.
+  c10::Allocator* host_allocator = nullptr;
 };
 
 struct activation_stats {
