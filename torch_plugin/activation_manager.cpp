@@ -658,8 +658,8 @@ activation_stats activation_manager::stats() const {
   activation_stats s = counters_;
   s.registered = entries_.size();
   s.resident_bytes = resident_bytes_;
+  s.spilled_bytes = spilled_bytes_;
   for (const auto& [key, e] : entries_) {
-    if (e->state == entry_state::spilled) s.spilled_bytes += e->nbytes;
     if (e->state == entry_state::dropped) s.dropped_bytes += e->nbytes;
   }
   return s;
