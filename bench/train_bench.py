@@ -594,6 +594,14 @@ def check_helpers():
     if d2h.get("copies") != 1 or d2h.get("overlap_fraction") != 0.75 or h2d.get("overlap_fraction") != 0.0 \
             or abs(d2h.get("gbps", 0) - (1 << 20) / 200e-6 / 1e9) > 1e-3:
         failures.append(f"analyze_copy_trace: unexpected {got}")
+    # A bad --smoke-ratio is refused with its value named (main turns ArgError into exit 2).
+    for bad in ("0", "1.5"):
+        try:
+            check_args(build_parser().parse_args(["--smoke", "--smoke-ratio", bad]))
+            failures.append(f"--smoke-ratio {bad} was accepted")
+        except ArgError as e:
+            if f"--smoke-ratio {float(bad)} is invalid" not in str(e):
+                failures.append(f"--smoke-ratio {bad}: unexpected message {e}")
     return failures
 
 
