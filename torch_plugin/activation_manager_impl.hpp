@@ -1,0 +1,77 @@
+// activation_manager_impl.hpp: what the activation manager's files share, private to them. The
+// contract is in activation_manager.hpp; the files are
+//   activation_manager.cpp    options, lifetime, pack and unpack, statistics
+//   activation_eviction.cpp   victim choice and eviction (spill or drop, by cost)
+//   activation_spill.cpp      the copies out to host memory and back, and prefetch
+//   activation_recompute.cpp  checkpoint segments, their generator states, and replays
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
+#include <c10/core/Storage.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "activation_manager.hpp"
+
+namespace spillway::torch_plugin {
+
+namespace detail {
+
+inline double now_seconds() {
+  using clock = std::chrono::steady_clock;
+  return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
+}
+
+// The bytes of `storage` as a 1-D uint8 tensor of `nbytes` (the storage's own nbytes may be 0
+// while it is evicted and being refilled).
+at::Tensor byte_view(const c10::Storage& storage, std::size_t nbytes);
+
+// The default generators of the CPU and of `cuda_devices`, set to a segment's state for a replay
+// and put back afterwards, even when the replay throws.
+struct generator_states {
+  at::Tensor cpu;
+  std::vector<std::pair<c10::DeviceIndex, at::Tensor>> cuda;
+
+  static generator_states capture(const std::vector<c10::DeviceIndex>& devices);
+  void apply() const;
+};
+
+}  // namespace detail
+
+enum class entry_state { resident, spilled, dropped };
+
+struct activation_manager::segment {
+  segment_replay replay;
+  std::vector<c10::DeviceIndex> cuda_devices;
+  detail::generator_states rng;
+  // Every pack while it ran, in order (nullopt: kept as it is). Weak references: they do not keep
+  // a storage's memory, but they keep its StorageImpl's address from being reused by another
+  // storage, whose entry a replay would otherwise take for this segment's and refill.
+  std::vector<std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>>> saved;
+  double cost_s = 0;
+  std::optional<c10::Event> start, end;  // CUDA timing, read once complete
+};
+struct activation_manager::entry {
+  c10::Storage storage;
+  std::size_t nbytes = 0;
+  c10::Device device{c10::DeviceType::CPU};
+  std::size_t aliases = 0;
+  entry_state state = entry_state::resident;
+  at::Tensor host;                       // spilled bytes
+  std::optional<c10::Event> copy;        // CUDA: the copy the next user waits for
+  std::shared_ptr<segment> lineage;      // the checkpoint segment that made it
+  std::uint64_t seq = 0;
+  double last_use = 0;
+  int pins = 0;                          // > 0 while a recomputation needs it resident
+  bool orphaned = false;                 // its last handle went while it was pinned
+};
+
+
+}  // namespace spillway::torch_plugin

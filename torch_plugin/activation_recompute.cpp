@@ -1,0 +1,186 @@
+// activation_recompute.cpp: checkpoint segments (their lineage, generator states and measured
+// cost) and the replay that refills their dropped storages. Contract: activation_manager.hpp.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "activation_manager_impl.hpp"
+#include "spillway/errors.hpp"
+
+namespace spillway::torch_plugin {
+
+using detail::byte_view;
+
+detail::generator_states detail::generator_states::capture(
+    const std::vector<c10::DeviceIndex>& devices) {
+  generator_states s;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard lock(gen.mutex());
+    s.cpu = gen.get_state();
+  }
+  for (c10::DeviceIndex d : devices) {
+    auto gen = at::cuda::detail::getDefaultCUDAGenerator(d);
+    std::lock_guard lock(gen.mutex());
+    s.cuda.emplace_back(d, gen.get_state());
+  }
+  return s;
+}
+
+void detail::generator_states::apply() const {
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard lock(gen.mutex());
+    gen.set_state(cpu);
+  }
+  for (const auto& [d, state] : cuda) {
+    auto gen = at::cuda::detail::getDefaultCUDAGenerator(d);
+    std::lock_guard lock(gen.mutex());
+    gen.set_state(state);
+  }
+}
+
+namespace {
+
+// The storages of `tensors` that nothing else holds: neither another tensor (a storage's use
+// count is its tensors') nor another handle of one of these tensors.
+std::unordered_set<c10::StorageImpl*> held_only_by(const std::vector<at::Tensor>& tensors) {
+  std::unordered_map<c10::TensorImpl*, std::size_t> handles;  // of each tensor, in `tensors`
+  for (const at::Tensor& t : tensors) {
+    if (t.defined() && t.has_storage()) ++handles[t.unsafeGetTensorImpl()];
+  }
+  std::unordered_map<c10::StorageImpl*, std::size_t> tensors_of;  // distinct, in `tensors`
+  std::unordered_set<c10::StorageImpl*> held_elsewhere;
+  for (const auto& [impl, count] : handles) {
+    c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
+    ++tensors_of[storage];
+    if (c10::raw::intrusive_ptr::use_count(impl) != count) held_elsewhere.insert(storage);
+  }
+  std::unordered_set<c10::StorageImpl*> only;
+  for (const auto& [storage, count] : tensors_of) {
+    if (held_elsewhere.count(storage) == 0 && c10::raw::intrusive_ptr::use_count(storage) == count) {
+      only.insert(storage);
+    }
+  }
+  return only;
+}
+// `waiter` waits for the work queued on `stream` so far.
+
+}  // namespace
+
+void activation_manager::recompute(segment& s) {
+  std::vector<entry*> members;
+  for (const auto& weak : s.saved) {
+    entry* e = nullptr;
+    if (weak) {
+      // A storage that is gone has no entry; one that lives is this segment's (see segment).
+      if (c10::intrusive_ptr<c10::StorageImpl> storage = weak->lock()) {
+        auto it = entries_.find(storage.get());
+        if (it != entries_.end()) e = it->second.get();
+      }
+    }
+    members.push_back(e);
+  }
+  for (entry* e : members) {
+    if (e) ++e->pins;
+  }
+  struct unpin {
+    activation_manager& self;
+    std::vector<entry*>& members;
+    ~unpin() {
+      for (entry*& e : members) {
+        if (e && --e->pins == 0 && e->orphaned) {
+          self.forget(*e);
+          e = nullptr;
+        }
+      }
+    }
+  } unpin_guard{*this, members};
+
+  std::vector<at::Tensor> fresh;
+  {
+    const detail::generator_states current = detail::generator_states::capture(s.cuda_devices);
+    struct put_back {
+      const detail::generator_states& states;
+      ~put_back() { states.apply(); }
+    } restore_guard{current};
+    s.rng.apply();
+    fresh = s.replay();
+  }
+  // Check every size first, so that a failing replay changes nothing.
+  for (std::size_t i = 0; i < members.size() && i < fresh.size(); ++i) {
+    entry* e = members[i];
+    if (e == nullptr || e->state != entry_state::dropped) continue;
+    const std::size_t got = fresh[i].defined() && fresh[i].has_storage() ? fresh[i].storage().nbytes() : 0;
+    if (got != e->nbytes) {
+      throw std::runtime_error("spillway: recomputing a checkpoint segment gave a storage of " +
+                               std::to_string(got) + " bytes where the original had " +
+                               std::to_string(e->nbytes) + ": the segment is not deterministic");
+    }
+  }
+  // A fresh storage that only `fresh` holds gives its memory to the entry: no allocation and no
+  // copy, so that a replay needs the segment's bytes once, not twice. One that something else
+  // holds too (the segment's input, saved again) is copied, and so is one whose memory another
+  // entry took already (a replay that aliases what the first run did not): from that entry.
+  const std::unordered_set<c10::StorageImpl*> only_in_fresh = held_only_by(fresh);
+  std::unordered_map<c10::StorageImpl*, entry*> taken_by;
+  for (std::size_t i = 0; i < members.size() && i < fresh.size(); ++i) {
+    entry* e = members[i];
+    if (e == nullptr || e->orphaned || e->state != entry_state::dropped) continue;  // or refilled
+    c10::StorageImpl* source = fresh[i].storage().unsafeGetStorageImpl();
+    const auto taken = taken_by.find(source);
+    if (taken == taken_by.end() && only_in_fresh.count(source) > 0 &&
+        source->device() == e->device) {
+      e->storage.set_data_ptr_noswap(source->set_data_ptr(at::DataPtr(nullptr, source->device())));
+      source->set_nbytes(0);
+      taken_by.emplace(source, e);
+      ++counters_.recompute_moves;
+    } else {
+      const c10::Storage& from = taken == taken_by.end() ? fresh[i].storage() : taken->second->storage;
+      e->storage.set_data_ptr_noswap(e->storage.allocator()->allocate(e->nbytes));
+      byte_view(e->storage, e->nbytes).copy_(byte_view(from, e->nbytes));
+    }
+    e->storage.set_nbytes(e->nbytes);
+    e->state = entry_state::resident;
+    resident_bytes_ += e->nbytes;
+  }
+  ++counters_.recomputes;
+}
+
+// --- segments ---------------------------------------------------------------------------------------
+
+void activation_manager::begin_segment(segment_replay replay,
+                                       std::vector<c10::DeviceIndex> cuda_devices) {
+  std::lock_guard lock(mutex_);
+  auto s = std::make_shared<segment>();
+  s->replay = std::move(replay);
+  s->rng = detail::generator_states::capture(cuda_devices);
+  if (!cuda_devices.empty()) {
+    s->start.emplace(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+    s->start->record(c10::cuda::getCurrentCUDAStream(cuda_devices.front()).unwrap());
+  }
+  s->cuda_devices = std::move(cuda_devices);
+  open_segments_.push_back(std::move(s));
+}
+
+void activation_manager::end_segment(double host_seconds) {
+  std::lock_guard lock(mutex_);
+  if (open_segments_.empty()) {
+    throw invalid_argument("spillway: end_segment without begin_segment");
+  }
+  segment& s = *open_segments_.back();
+  s.cost_s = host_seconds;
+  if (s.start) {
+    s.end.emplace(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+    s.end->record(c10::cuda::getCurrentCUDAStream(s.cuda_devices.front()).unwrap());
+  }
+  open_segments_.pop_back();
+}
+
+}  // namespace spillway::torch_plugin

@@ -1,0 +1,132 @@
+// activation_spill.cpp: spilled bytes' copies out to host memory and back (for CUDA on dedicated
+// copy streams, in stream order), and prefetch. Contract: activation_manager.hpp.
+#include <ATen/EmptyTensor.h>
+#include <ATen/Functions.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <map>
+#include <mutex>
+
+#include "activation_manager_impl.hpp"
+
+namespace spillway::torch_plugin {
+
+using detail::byte_view;
+using detail::now_seconds;
+
+at::Tensor detail::byte_view(const c10::Storage& storage, std::size_t nbytes) {
+  return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage.device()))
+      .set_(storage, 0, {static_cast<int64_t>(nbytes)}, {1});
+}
+
+namespace {
+
+std::pair<c10::cuda::CUDAStream, c10::cuda::CUDAStream> copy_streams(c10::DeviceIndex device) {
+  // One device-to-host and one host-to-device stream per device, for the process.
+  static std::mutex mutex;
+  static std::map<c10::DeviceIndex, std::pair<c10::cuda::CUDAStream, c10::cuda::CUDAStream>> streams;
+  std::lock_guard lock(mutex);
+  auto it = streams.find(device);
+  if (it == streams.end()) {
+    it = streams.emplace(device, std::pair{c10::cuda::getStreamFromPool(false, device),
+                                           c10::cuda::getStreamFromPool(false, device)}).first;
+  }
+  return it->second;
+}
+
+// Host memory for spilled bytes: pinned for a CUDA storage (its copies run on a copy engine,
+// asynchronously), else `allocator`'s or torch's default CPU allocator's, never the CPU allocator
+// installed: that may be spillway's simulated device (sim_cpu_tensors.hpp), the memory a spill frees.
+at::Tensor host_bytes(std::size_t nbytes, bool pinned, c10::Allocator* allocator) {
+  const std::vector<int64_t> size{static_cast<int64_t>(nbytes)};
+  if (pinned) return at::empty(size, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  return at::detail::empty_generic(size, allocator != nullptr ? allocator : c10::GetDefaultCPUAllocator(),
+                                   c10::DispatchKeySet(c10::DispatchKey::CPU), at::kByte,
+                                   std::nullopt);
+}
+
+// `waiter` waits for the work queued on `stream` so far.
+void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& stream) {
+  c10::Event ready(c10::DeviceType::CUDA);
+  ready.record(stream.unwrap());
+  waiter.unwrap().wait(ready);
+}
+
+}  // namespace
+
+at::Tensor activation_manager::spill_buffer(const entry& e) {
+  if (options_.max_spilled && spilled_bytes_ + e.nbytes > *options_.max_spilled) return {};
+  try {
+    return host_bytes(e.nbytes, e.device.is_cuda(), options_.host_allocator);
+  } catch (const std::exception&) {  // host memory (pinned, for CUDA) is exhausted
+    return {};
+  }
+}
+
+void activation_manager::copy_out(entry& e, at::Tensor host) {
+  at::Tensor source = byte_view(e.storage, e.nbytes);
+  e.host = std::move(host);
+  if (!e.device.is_cuda()) {
+    e.host.copy_(source);
+    return;
+  }
+  auto d2h = copy_streams(e.device.index()).first;
+  wait_for(d2h, c10::cuda::getCurrentCUDAStream(e.device.index()));
+  {
+    c10::cuda::CUDAStreamGuard guard(d2h);
+    e.host.copy_(source, /*non_blocking=*/true);
+  }
+  source.record_stream(d2h.unwrap());  // the block is not reused before the copy has read it
+  e.copy.emplace(c10::DeviceType::CUDA);
+  e.copy->record(d2h.unwrap());
+}
+
+
+void activation_manager::copy_in(entry& e) {
+  e.storage.set_data_ptr_noswap(e.storage.allocator()->allocate(e.nbytes));
+  e.storage.set_nbytes(e.nbytes);
+  at::Tensor target = byte_view(e.storage, e.nbytes);
+  if (e.device.is_cuda()) {
+    auto h2d = copy_streams(e.device.index()).second;
+    if (e.copy) h2d.unwrap().wait(*e.copy);  // the spill's copy has completed
+    wait_for(h2d, c10::cuda::getCurrentCUDAStream(e.device.index()));  // the new block is ready
+    {
+      c10::cuda::CUDAStreamGuard guard(h2d);
+      target.copy_(e.host, /*non_blocking=*/true);  // the pinned buffer is kept until done
+    }
+    target.record_stream(h2d.unwrap());
+    e.copy.emplace(c10::DeviceType::CUDA);
+    e.copy->record(h2d.unwrap());  // unpack makes the compute stream wait for it
+  } else {
+    target.copy_(e.host);
+  }
+  e.host.reset();
+  e.state = entry_state::resident;
+  e.last_use = now_seconds();  // a restore is a use: a prefetched entry is not the next victim
+  spilled_.erase(e.seq);
+  spilled_bytes_ -= e.nbytes;
+  resident_bytes_ += e.nbytes;
+  ++counters_.restores;
+  counters_.bytes_restored += e.nbytes;
+}
+
+void activation_manager::prefetch_before(std::uint64_t seq) {
+  std::vector<entry*> next;
+  for (auto it = spilled_.lower_bound(seq); it != spilled_.begin() && next.size() < options_.prefetch;) {
+    next.push_back((--it)->second);
+  }
+  for (entry* e : next) {
+    // A prefetch is only ahead of time: out of memory for it (the budget full of what backward
+    // uses now) stops prefetching, and the entry is copied back when it is unpacked.
+    try {
+      copy_in(*e);
+    } catch (const c10::OutOfMemoryError&) {  // spillway's c10 allocators throw this one
+      return;
+    }
+    ++counters_.prefetches;
+  }
+}
+
+}  // namespace spillway::torch_plugin
