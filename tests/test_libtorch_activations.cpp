@@ -88,6 +88,67 @@ TEST_CASE("dropped checkpoint segments are recomputed bit-identically, state upd
   CHECK(s.spills == 0);
   CHECK(s.registered == 0);  // everything released after backward
   CHECK(s.resident_bytes == 0);
+  // The boundaries (a segment's output, the next one's input) were dropped too: restoring the
+  // last segment's input replayed the segments before it first.
+  CHECK(s.nested_recomputes > 0);
+}
+
+TEST_CASE("a segment's input is evictable once the program lets go of it") {
+  // Before, the replay held its inputs: a checkpoint boundary stayed resident as long as its
+  // segment lived. Now the manager holds them and hands them back to the replay.
+  enable_libtorch_hooks();
+  const auto first = [](const std::vector<at::Tensor>& in) { return in[0].square(); };
+  const auto second = [](const std::vector<at::Tensor>& in) { return in[0].square().sin(); };
+  const at::Tensor w0 = at::randn({1024});
+  const auto run = [&](const std::shared_ptr<activation_manager>& manager) {
+    at::Tensor w = w0.clone().requires_grad_();
+    at::Tensor loss;
+    if (manager) {
+      activation_scope scope(manager);
+      at::Tensor h = checkpoint(first, {w * 3});
+      loss = checkpoint(second, {h}).sum();
+    } else {
+      loss = second({first({w * 3})}).sum();
+    }
+    if (manager) {
+      // w * 3, the first segment's input, has no lineage (drop mode keeps it); its output h, the
+      // second's input, has the first segment as lineage; h.square() has the second.
+      REQUIRE(manager->evict(std::size_t{1} << 30).first == 2 * 1024 * sizeof(float));
+      CHECK(manager->stats().dropped_bytes == 2 * 1024 * sizeof(float));
+    }
+    loss.backward();
+    return w.grad();
+  };
+  const at::Tensor reference = run(nullptr);
+  auto manager = activation_manager::make(drop_when_asked());
+  CHECK(at::equal(run(manager), reference));
+  // sin's input came back by replaying the second segment, whose input h came back first by
+  // replaying the first; square's h was resident then.
+  const activation_stats s = manager->stats();
+  CHECK(s.recomputes == 2);
+  CHECK(s.nested_recomputes == 1);
+  CHECK(s.registered == 0);
+}
+
+TEST_CASE("an output modified in place after its segment is never recomputed from it") {
+  // Its segment's replay would return the bytes before the change: such a storage takes no
+  // lineage, and is kept (drop mode) instead of being refilled with the wrong bytes.
+  enable_libtorch_hooks();
+  auto manager = activation_manager::make(evict_all(activation_mode::drop));
+  const auto square = [](const std::vector<at::Tensor>& in) { return in[0].square(); };
+  at::Tensor w = at::randn({1024}).requires_grad_();
+  at::Tensor loss;
+  {
+    activation_scope scope(manager);
+    at::Tensor h = checkpoint(square, {w * 3});
+    h.mul_(2);
+    at::Tensor y = checkpoint(square, {h});
+    loss = y.sum();
+  }
+  loss.backward();
+  // y = (2 (3w)^2)^2 = 324 w^4: dy/dw = 1296 w^3.
+  CHECK(at::allclose(w.grad(), 1296 * w.detach().pow(3)));
+  CHECK(manager->stats().nested_recomputes == 0);
 }
 
 TEST_CASE("spilled activations come back identical, prefetched in backward order") {
@@ -175,13 +236,13 @@ TEST_CASE("a replay never refills another storage that took the address of one i
   auto manager = activation_manager::make(drop_when_asked());
   constexpr std::int64_t n = 1024;
   auto replay_of = [](std::vector<float> values) {
-    return [values] {
-      std::vector<at::Tensor> out;
-      for (float v : values) out.push_back(at::full({n}, v));
+    return [values](const std::vector<at::Tensor>&) {
+      segment_run out;
+      for (float v : values) out.saved.push_back(at::full({n}, v));
       return out;
     };
   };
-  manager->begin_segment(replay_of({1.0f, 2.0f}), {});
+  manager->begin_segment(replay_of({1.0f, 2.0f}), {}, {});
   std::shared_ptr<activation_manager::saved> ha, hb, hc;
   const c10::StorageImpl* address_of_a = nullptr;
   {
@@ -210,7 +271,7 @@ TEST_CASE("a replay never refills another storage that took the address of one i
             "reuse it): the case reduces to two independent segments");
     c = at::full({n}, 3.0f);
   }
-  manager->begin_segment(replay_of({3.0f}), {});
+  manager->begin_segment(replay_of({3.0f}), {}, {});
   hc = manager->pack(c);
   manager->end_segment(1e-3);
   c.reset();
@@ -232,11 +293,11 @@ TEST_CASE("a replay that saves one storage where the first run saved two refills
   auto manager = activation_manager::make(drop_when_asked());
   constexpr std::int64_t n = 1024;
   const at::Tensor kept = at::full({n}, 7.0f);
-  manager->begin_segment([kept] {
+  manager->begin_segment([kept](const std::vector<at::Tensor>&) {
     at::Tensor t = at::full({n}, 5.0f);
     at::Tensor alias = at::empty({0}).set_(t.storage(), 0, {n}, {1});  // no view base: 2 owners
-    return std::vector<at::Tensor>{t, alias, kept};
-  }, {});
+    return segment_run{{t, alias, kept}, {}};
+  }, {}, {});
   std::shared_ptr<activation_manager::saved> ha, hb, hc;
   {
     at::Tensor a = at::full({n}, 5.0f), b = at::full({n}, 5.0f), c = at::full({n}, 7.0f);

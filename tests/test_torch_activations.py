@@ -68,6 +68,34 @@ class CheckpointRecompute(unittest.TestCase):
         self.assertGreater(stats["drops"], 0)
         self.assertGreater(stats["recomputes"], 0)
         self.assertEqual(stats["spills"], 0)
+        # The boundaries between segments were dropped too (the manager, not the replay, holds a
+        # segment's inputs): a replay restored its input by replaying the segment before first.
+        self.assertGreater(stats["nested_recomputes"], 0)
+        self.assertEqual(stats["registered"], 0)
+
+    def test_an_output_modified_in_place_is_not_recomputed_from_its_segment(self):
+        # Its segment's replay would give the bytes before the change: it takes no lineage, and
+        # drop mode keeps it (it was refilled with the old bytes: wrong gradients).
+        torch.manual_seed(0)
+        model = mlp(depth=4)
+        x = torch.randn(512, 256)
+
+        def plain(m, x):
+            h = m[:6](x)
+            h.mul_(2)
+            return m[6:](h)
+        reference = step(copy.deepcopy(model), x, plain)
+
+        def forward(m, x):
+            with spillway.activations(max_resident=0, mode="drop", min_bytes=0) as acts:
+                h = spillway.checkpoint(m[:6], x)
+                h.mul_(2)
+                y = spillway.checkpoint(m[6:], h)
+            forward.acts = acts
+            return y
+        got = step(model, x, forward)
+        assert_identical(self, reference, got)
+        self.assertEqual(forward.acts.stats()["nested_recomputes"], 0)
 
     def test_cnn_with_batchnorm_and_dropout(self):
         torch.manual_seed(0)

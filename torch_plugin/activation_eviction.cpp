@@ -19,14 +19,11 @@ bool activation_manager::evictable(const entry& e) const {
 std::pair<double, bool> activation_manager::restore_cost(entry& e) {
   const double transfer = 2.0 * static_cast<double>(e.nbytes) / options_.link_bandwidth;
   if (!e.lineage || options_.mode == activation_mode::spill) return {transfer, false};
-  segment& s = *e.lineage;
-  if (s.end && s.end->query()) {  // the measured device time replaces the host's
-    s.cost_s = s.start->elapsedTime(*s.end) / 1e3;
-    s.start.reset();
-    s.end.reset();
-  }
-  if (options_.mode == activation_mode::drop) return {s.cost_s, true};
-  return s.cost_s <= transfer ? std::pair{s.cost_s, true} : std::pair{transfer, false};
+  // Its segment's replay, and those of the dropped segments before it that it needs (a few back:
+  // enough to tell a drop that starts a chain of replays from one that does not).
+  const double recompute = segment_cost(*e.lineage, /*depth=*/8);
+  if (options_.mode == activation_mode::drop) return {recompute, true};
+  return recompute <= transfer ? std::pair{recompute, true} : std::pair{transfer, false};
 }
 
 activation_manager::entry* activation_manager::choose(std::vector<entry*>& candidates, double now) {

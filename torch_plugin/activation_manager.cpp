@@ -29,6 +29,7 @@ void add_counters(activation_stats& into, const activation_stats& s) {
   into.restores += s.restores;
   into.recomputes += s.recomputes;
   into.recompute_moves += s.recompute_moves;
+  into.nested_recomputes += s.nested_recomputes;
   into.spill_fallbacks += s.spill_fallbacks;
   into.bytes_spilled += s.bytes_spilled;
   into.bytes_dropped += s.bytes_dropped;
@@ -61,7 +62,8 @@ std::vector<std::pair<std::string, std::uint64_t>> activation_stats::fields() co
   return {{"packed", packed},           {"evictions", evictions},
           {"spills", spills},           {"drops", drops},
           {"restores", restores},       {"recomputes", recomputes},
-          {"recompute_moves", recompute_moves}, {"spill_fallbacks", spill_fallbacks},
+          {"recompute_moves", recompute_moves}, {"nested_recomputes", nested_recomputes},
+          {"spill_fallbacks", spill_fallbacks},
           {"bytes_spilled", bytes_spilled}, {"bytes_dropped", bytes_dropped},
           {"bytes_restored", bytes_restored}, {"prefetches", prefetches},
           {"pressure_calls", pressure_calls}, {"registered", registered},
@@ -138,7 +140,9 @@ void activation_manager::forget(entry& e) {
     spilled_.erase(e.seq);
     spilled_bytes_ -= e.nbytes;
   }
-  entries_.erase(e.storage.unsafeGetStorageImpl());  // destroys e
+  // Destroyed once the map is consistent again: the last entry of a segment releases it, and
+  // with it the segment's held inputs, whose entries may be forgotten in turn (re-entering here).
+  auto node = entries_.extract(e.storage.unsafeGetStorageImpl());
 }
 
 // --- pack and unpack -------------------------------------------------------------------------------
@@ -156,13 +160,35 @@ void activation_manager::note_saved(entry* e) {
 }
 
 std::shared_ptr<activation_manager::saved> activation_manager::pack(const at::Tensor& tensor) {
+  return hold(tensor, /*saved_by_autograd=*/true);
+}
+
+// The segment that ended last, if `tensor` is one of its outputs, unchanged since: its replay
+// returns that storage again.
+std::shared_ptr<activation_manager::segment> activation_manager::producer_of(const at::Tensor& tensor) {
+  const std::shared_ptr<segment>& last = last_ended_;
+  if (!last) return nullptr;
+  for (const auto& [weak, version] : last->outputs) {
+    if (weak && weak->lock().get() == tensor.storage().unsafeGetStorageImpl()) {
+      return tensor._version() == version ? last : nullptr;
+    }
+  }
+  return nullptr;
+}
+
+// pack, and a segment's input (begin_segment): the same entry per storage. Only autograd's saves
+// are listed in the open segments (a replay saves the same tensors in the same order), and only
+// they take an open segment as lineage: an input of no segment's list could not be refilled by
+// one. Otherwise a new entry's lineage is the segment that returned it, if any (producer_of).
+std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Tensor& tensor,
+                                                                    bool saved_by_autograd) {
   std::lock_guard lock(mutex_);
   // Parameters (leaves that require grad) are the program's, not activations.
   const bool supported = tensor.defined() && tensor.has_storage() &&
                          (tensor.device().is_cpu() || tensor.device().is_cuda()) &&
                          !(tensor.is_leaf() && tensor.requires_grad());
   if (!supported || tensor.storage().nbytes() < options_.min_bytes) {
-    note_saved(nullptr);
+    if (saved_by_autograd) note_saved(nullptr);
     return nullptr;  // kept as it is
   }
   const c10::Storage& storage = tensor.storage();
@@ -174,14 +200,20 @@ std::shared_ptr<activation_manager::saved> activation_manager::pack(const at::Te
     slot->device = storage.device();
     slot->seq = next_seq_++;
     slot->last_use = now_seconds();
-    if (!open_segments_.empty()) slot->lineage = open_segments_.back();
+    if (saved_by_autograd && !open_segments_.empty()) {
+      slot->lineage = open_segments_.back();
+    } else {
+      slot->lineage = producer_of(tensor);
+    }
     resident_bytes_ += slot->nbytes;
   }
   entry* e = slot.get();
   e->orphaned = false;  // saved again while a recomputation pinned it: it has a handle once more
-  note_saved(e);
+  if (saved_by_autograd) {
+    note_saved(e);
+    ++counters_.packed;
+  }
   ++e->aliases;
-  ++counters_.packed;
   auto handle = std::make_shared<saved>(shared_from_this(), e, tensor.detach());
   enforce_max_resident();
   return handle;
@@ -219,19 +251,14 @@ void activation_manager::enforce_max_resident() {
   if (evictable_bytes > *options_.max_resident) evict(evictable_bytes - *options_.max_resident);
 }
 
-// Made resident again: copied back if spilled, recomputed by its segment if dropped.
-void activation_manager::make_resident(entry& e) {
-  if (e.state == entry_state::spilled) {
-    copy_in(e);
-  } else if (e.state == entry_state::dropped) {
-    recompute(*e.lineage);
-    if (e.state != entry_state::resident) {
-      throw std::runtime_error("spillway: recomputing a checkpoint segment did not restore an "
-                               "activation of " + std::to_string(e.nbytes) +
-                               " bytes (the segment saved fewer tensors the second time: it is "
-                               "not deterministic)");
-    }
+void activation_manager::end_scope() {
+  std::shared_ptr<segment> last;
+  {
+    std::lock_guard lock(mutex_);
+    enforce_max_resident();
+    last = std::move(last_ended_);
   }
+  // Released outside the lock: may forget entries, which takes it again.
 }
 
 // --- introspection -----------------------------------------------------------------------------------

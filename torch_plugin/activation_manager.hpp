@@ -25,6 +25,19 @@
 //   saved, matched by save order (taking over the memory of those only the replay held, without
 //   an allocation or a copy; copying the others). A replay that saves tensors of other sizes fails
 //   with std::runtime_error ("not deterministic"), changing nothing.
+// - Segment inputs: begin_segment holds a segment's tensor inputs the way it holds saved storages
+//   (an entry per storage), so once the program lets go of them they are evictable like any saved
+//   activation: a checkpoint boundary is not pinned for the segment's lifetime. A storage that is
+//   an output of the segment ended last (end_segment's outputs, not modified in place since) has
+//   that segment as its lineage when it is first registered, as an input or a save outside any
+//   segment: its replay returns it again, so it can be dropped; any other new input has none, and
+//   can only be spilled. A replay first makes its inputs resident: a
+//   spilled one is copied back, a dropped one (the output of an earlier segment) is recomputed by
+//   that segment first. A chain of such segments is restored oldest first, in a loop rather than
+//   by recursion; should an input be evicted again before its replay takes it, it is recomputed
+//   from inside that replay, and a replay nested more than 64 deep fails with std::runtime_error
+//   (stats: nested_recomputes). DTR's cost of dropping a storage is its segment's forward time
+//   plus that of the earlier segments its replay would have to run first.
 // - After each unpack the next `prefetch` spilled storages in backward order (reverse pack order)
 //   start copying back, so that copies overlap compute. The unpacked storage is already held by
 //   the returned alias then, so a prefetch's allocation under pressure cannot evict it; a
@@ -87,6 +100,7 @@ struct activation_options {
 struct activation_stats {
   std::uint64_t packed = 0, evictions = 0, spills = 0, drops = 0, restores = 0, recomputes = 0,
                 recompute_moves = 0,  // dropped storages refilled by taking the replay's memory
+                nested_recomputes = 0,  // replays run to restore another replay's inputs
                 spill_fallbacks = 0,  // spills not made for want of host memory (see evict)
                 bytes_spilled = 0, bytes_dropped = 0, bytes_restored = 0, prefetches = 0,
                 pressure_calls = 0;
@@ -94,10 +108,16 @@ struct activation_stats {
   std::vector<std::pair<std::string, std::uint64_t>> fields() const;  // name, value
 };
 
-// Re-runs a checkpoint segment and returns, in order, every tensor it saved for backward. The
+// What a checkpoint segment's run gives: every tensor it saved for backward, in order, and the
+// tensors it returned, in order.
+struct segment_run {
+  std::vector<at::Tensor> saved, outputs;
+};
+
+// Re-runs a checkpoint segment on `inputs` (the tensors begin_segment got, resident again). The
 // binding implements it (Python: saved_tensors_hooks; LibTorch: the engine's default hooks), and
 // keeps BatchNorm running statistics from being updated twice.
-using segment_replay = std::function<std::vector<at::Tensor>()>;
+using segment_replay = std::function<segment_run(const std::vector<at::Tensor>& inputs)>;
 
 class activation_manager : public std::enable_shared_from_this<activation_manager> {
  public:
@@ -132,8 +152,13 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
 
   // A checkpoint segment runs between begin_segment and end_segment: the storages it saves get
   // `replay` as their lineage. cuda_devices: the devices whose generators the segment uses.
-  void begin_segment(segment_replay replay, std::vector<c10::DeviceIndex> cuda_devices);
-  void end_segment(double host_seconds);
+  // inputs: the segment's tensor inputs, which the manager holds for the replay as it holds saved
+  // storages (evictable: see the contract), and hands to it resident again. outputs: the tensors
+  // the segment returned, in the order its replay returns them (their lineage, when they are
+  // registered, unchanged, before another segment ends).
+  void begin_segment(segment_replay replay, std::vector<c10::DeviceIndex> cuda_devices,
+                     const std::vector<at::Tensor>& inputs);
+  void end_segment(double host_seconds, const std::vector<at::Tensor>& outputs = {});
 
   // Evicts until `wanted` bytes are freed or nothing evictable is left; with `memory_of`, only
   // storages whose memory is a live allocation of that allocator (the pressure handler's: evicting
@@ -142,6 +167,10 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   std::pair<std::size_t, std::size_t> evict(std::size_t wanted,
                                             const device_allocator* memory_of = nullptr);
   void enforce_max_resident();
+  // A scope of saves (spillway.activations(), activation_scope) ends: enforces max_resident, and
+  // lets go of the segment that ended last (a storage registered after this takes no lineage
+  // from it). Until then that segment holds its inputs, and they hold the manager.
+  void end_scope();
 
   activation_stats stats() const;
   // "resident", "spilled" or "dropped" for the entry of `tensor`'s storage; nullopt if none.
@@ -156,6 +185,8 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
  private:
   activation_manager(activation_options options, plugin_allocator* pressure_source);
 
+  std::shared_ptr<saved> hold(const at::Tensor& tensor, bool saved_by_autograd);
+  std::shared_ptr<segment> producer_of(const at::Tensor& tensor);
   void release(saved& handle) noexcept;
   void forget(entry& e);
   bool evictable(const entry& e) const;
@@ -166,7 +197,9 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   void copy_out(entry& e, at::Tensor host);
   void copy_in(entry& e);
   void make_resident(entry& e);
-  void recompute(segment& s);
+  void recompute(segment& s, bool nested);
+  double segment_cost(segment& s, int depth);
+  std::vector<at::Tensor> resident_inputs(segment& s);
   void prefetch_before(std::uint64_t seq);
   void note_saved(entry* e);
 
@@ -177,9 +210,13 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   std::unordered_map<c10::StorageImpl*, std::unique_ptr<entry>> entries_;
   std::map<std::uint64_t, entry*> spilled_;  // by pack order, for prefetch
   std::vector<std::shared_ptr<segment>> open_segments_;
+  // The segment that ended last, whose outputs a new entry may be: kept until the next one ends
+  // or the scope does (end_scope), since nothing else may hold it yet.
+  std::shared_ptr<segment> last_ended_;
   std::uint64_t next_seq_ = 0;
   std::size_t resident_bytes_ = 0;
   std::size_t spilled_bytes_ = 0;  // held by spilled copies in host memory
+  int replay_depth_ = 0;           // replays running on the thread that holds mutex_
   activation_stats counters_;
 };
 

@@ -47,14 +47,27 @@ struct generator_states {
 
 enum class entry_state { resident, spilled, dropped };
 
+// A tensor input of a segment: held through the manager (`held`, evictable) or, for a tensor it
+// does not register (small, a parameter, not CPU or CUDA), as it is (`kept`).
+struct segment_input {
+  std::shared_ptr<activation_manager::saved> held;
+  at::Tensor kept;
+};
+
 struct activation_manager::segment {
   segment_replay replay;
   std::vector<c10::DeviceIndex> cuda_devices;
   detail::generator_states rng;
+  std::vector<segment_input> inputs;
+  bool replaying = false;
   // Every pack while it ran, in order (nullopt: kept as it is). Weak references: they do not keep
   // a storage's memory, but they keep its StorageImpl's address from being reused by another
   // storage, whose entry a replay would otherwise take for this segment's and refill.
   std::vector<std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>>> saved;
+  // What it returned (end_segment; nullopt: no storage), with each tensor's version then: a
+  // tensor modified in place since is not what a replay returns, and takes no lineage from it.
+  std::vector<std::pair<std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>>, std::int64_t>>
+      outputs;
   double cost_s = 0;
   std::optional<c10::Event> start, end;  // CUDA timing, read once complete
 };

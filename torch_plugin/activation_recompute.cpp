@@ -4,6 +4,7 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -74,18 +75,96 @@ std::unordered_set<c10::StorageImpl*> held_only_by(const std::vector<at::Tensor>
 
 }  // namespace
 
-void activation_manager::recompute(segment& s) {
-  std::vector<entry*> members;
-  for (const auto& weak : s.saved) {
-    entry* e = nullptr;
-    if (weak) {
-      // A storage that is gone has no entry; one that lives is this segment's (see segment).
-      if (c10::intrusive_ptr<c10::StorageImpl> storage = weak->lock()) {
-        auto it = entries_.find(storage.get());
-        if (it != entries_.end()) e = it->second.get();
+namespace {
+// Replays nested in one another on one thread (an input evicted again before its replay took it):
+// past this, a runaway (each level is a native and, from Python, an interpreter stack of frames).
+constexpr int max_replay_depth = 64;
+}  // namespace
+
+// Made resident again: copied back if spilled; if dropped, recomputed by its segment, after the
+// earlier segments whose outputs that segment's replay needs and which were dropped too. That
+// chain is found first and replayed oldest first, in a loop: a long chain of dropped
+// checkpoints is no deep recursion.
+void activation_manager::make_resident(entry& e) {
+  if (e.state == entry_state::spilled) {
+    copy_in(e);
+    return;
+  }
+  if (e.state != entry_state::dropped) return;
+  std::vector<segment*> chain{e.lineage.get()};
+  for (;;) {
+    segment* earlier = nullptr;
+    for (const segment_input& in : chain.back()->inputs) {
+      if (in.held && in.held->entry_->state == entry_state::dropped) {
+        earlier = in.held->entry_->lineage.get();
+        break;
       }
     }
-    members.push_back(e);
+    if (earlier == nullptr) break;
+    // Lineage runs back in time (an input is held before its segment begins, and a new entry's
+    // lineage is a segment open already), so this cannot happen; were it to, it is an error,
+    // not a hang.
+    if (std::find(chain.begin(), chain.end(), earlier) != chain.end()) {
+      throw std::runtime_error("spillway: a checkpoint segment's lineage is cyclic: its replay "
+                               "needs its own output");
+    }
+    chain.push_back(earlier);
+  }
+  for (std::size_t i = chain.size(); i-- > 0;) recompute(*chain[i], i > 0 || replay_depth_ > 0);
+  if (e.state != entry_state::resident) {
+    throw std::runtime_error("spillway: recomputing a checkpoint segment did not restore an "
+                             "activation of " + std::to_string(e.nbytes) +
+                             " bytes (the segment saved fewer tensors the second time: it is "
+                             "not deterministic)");
+  }
+}
+
+// The segment's inputs, resident, each held by the returned tensor (so not evictable while the
+// replay runs). A dropped one not restored before (see make_resident) is recomputed from here.
+std::vector<at::Tensor> activation_manager::resident_inputs(segment& s) {
+  std::vector<at::Tensor> out;
+  out.reserve(s.inputs.size());
+  for (const segment_input& in : s.inputs) out.push_back(in.held ? unpack(*in.held) : in.kept);
+  return out;
+}
+
+void activation_manager::recompute(segment& s, bool nested) {
+  if (s.replaying) {
+    throw std::runtime_error("spillway: a checkpoint segment's lineage is cyclic: its replay "
+                             "needs its own output");
+  }
+  if (replay_depth_ >= max_replay_depth) {
+    throw std::runtime_error("spillway: recomputing a checkpoint segment needs replays nested " +
+                             std::to_string(replay_depth_ + 1) + " deep, over the limit of " +
+                             std::to_string(max_replay_depth) +
+                             " (its inputs were evicted again and again while it was restored)");
+  }
+  struct replaying_guard {
+    segment& s;
+    int& depth;
+    replaying_guard(segment& seg, int& d) : s(seg), depth(d) {
+      s.replaying = true;
+      ++depth;
+    }
+    ~replaying_guard() {
+      s.replaying = false;
+      --depth;
+    }
+  } replaying{s, replay_depth_};
+  std::vector<at::Tensor> inputs = resident_inputs(s);
+  // What it saved, then what it returned: the entries a replay refills, in the order it gives
+  // them. A storage that is gone has no entry; one that lives is this segment's (see segment).
+  const auto entry_of = [this](const c10::weak_intrusive_ptr<c10::StorageImpl>& weak) -> entry* {
+    if (c10::intrusive_ptr<c10::StorageImpl> storage = weak.lock()) {
+      auto it = entries_.find(storage.get());
+      if (it != entries_.end()) return it->second.get();
+    }
+    return nullptr;
+  };
+  std::vector<entry*> members;
+  for (const auto& weak : s.saved) members.push_back(weak ? entry_of(*weak) : nullptr);
+  for (const auto& output : s.outputs) {
+    members.push_back(output.first ? entry_of(*output.first) : nullptr);
   }
   for (entry* e : members) {
     if (e) ++e->pins;
@@ -111,8 +190,15 @@ void activation_manager::recompute(segment& s) {
       ~put_back() { states.apply(); }
     } restore_guard{current};
     s.rng.apply();
-    fresh = s.replay();
+    segment_run run = s.replay(inputs);
+    // Aligned with `members`: a replay that saved fewer or more tensors than the first run
+    // is caught below by a size, or by the entry it leaves dropped (make_resident).
+    fresh = std::move(run.saved);
+    fresh.resize(s.saved.size());
+    run.outputs.resize(s.outputs.size());
+    fresh.insert(fresh.end(), run.outputs.begin(), run.outputs.end());
   }
+  inputs.clear();  // held no more: an input the replay saved again is then the replay's alone
   // Check every size first, so that a failing replay changes nothing.
   for (std::size_t i = 0; i < members.size() && i < fresh.size(); ++i) {
     entry* e = members[i];
@@ -151,14 +237,42 @@ void activation_manager::recompute(segment& s) {
     resident_bytes_ += e->nbytes;
   }
   ++counters_.recomputes;
+  if (nested) ++counters_.nested_recomputes;
+}
+
+// A replay's cost: the segment's measured forward time (on CUDA its device time, once the end
+// event has completed; the host's before) plus the segments that would have to be replayed first
+// for its dropped inputs, `depth` of them back at most.
+double activation_manager::segment_cost(segment& s, int depth) {
+  if (s.end && s.end->query()) {
+    s.cost_s = s.start->elapsedTime(*s.end) / 1e3;
+    s.start.reset();
+    s.end.reset();
+  }
+  double cost = s.cost_s;
+  if (depth <= 0) return cost;
+  for (const segment_input& in : s.inputs) {
+    if (in.held && in.held->entry_->state == entry_state::dropped) {
+      cost += segment_cost(*in.held->entry_->lineage, depth - 1);
+    }
+  }
+  return cost;
 }
 
 // --- segments ---------------------------------------------------------------------------------------
 
 void activation_manager::begin_segment(segment_replay replay,
-                                       std::vector<c10::DeviceIndex> cuda_devices) {
+                                       std::vector<c10::DeviceIndex> cuda_devices,
+                                       const std::vector<at::Tensor>& inputs) {
   std::lock_guard lock(mutex_);
   auto s = std::make_shared<segment>();
+  // Held before the segment opens: none takes it as lineage (see hold).
+  for (const at::Tensor& t : inputs) {
+    segment_input in;
+    in.held = hold(t, /*saved_by_autograd=*/false);
+    if (!in.held) in.kept = t;
+    s->inputs.push_back(std::move(in));
+  }
   s->replay = std::move(replay);
   s->rng = detail::generator_states::capture(cuda_devices);
   if (!cuda_devices.empty()) {
@@ -169,7 +283,7 @@ void activation_manager::begin_segment(segment_replay replay,
   open_segments_.push_back(std::move(s));
 }
 
-void activation_manager::end_segment(double host_seconds) {
+void activation_manager::end_segment(double host_seconds, const std::vector<at::Tensor>& outputs) {
   std::lock_guard lock(mutex_);
   if (open_segments_.empty()) {
     throw invalid_argument("spillway: end_segment without begin_segment");
@@ -180,6 +294,14 @@ void activation_manager::end_segment(double host_seconds) {
     s.end.emplace(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
     s.end->record(c10::cuda::getCurrentCUDAStream(s.cuda_devices.front()).unwrap());
   }
+  for (const at::Tensor& t : outputs) {
+    if (t.defined() && t.has_storage()) {
+      s.outputs.emplace_back(t.storage().getWeakStorageImpl(), t._version());
+    } else {
+      s.outputs.emplace_back(std::nullopt, 0);
+    }
+  }
+  last_ended_ = open_segments_.back();
   open_segments_.pop_back();
 }
 

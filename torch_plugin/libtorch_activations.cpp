@@ -83,7 +83,7 @@ activation_scope::activation_scope(std::shared_ptr<activation_manager> manager)
 activation_scope::~activation_scope() {
   innermost = outer_;
   try {
-    manager_->enforce_max_resident();
+    manager_->end_scope();
   } catch (...) {
     // A destructor cannot fail; the next pack or unpack enforces it again.
   }
@@ -105,19 +105,22 @@ at::Tensor checkpoint(const segment_function& fn, const std::vector<at::Tensor>&
       cuda_devices.push_back(t.device().index());
     }
   }
-  std::vector<at::Tensor> held = inputs;  // the replay's inputs live as long as the lineage
-  segment_replay replay = [fn, held, keep]() {
+  // The inputs are the manager's to hold (evictable, and handed back resident): not captured.
+  std::vector<bool> requires_grad;
+  for (const at::Tensor& t : inputs) requires_grad.push_back(t.defined() && t.requires_grad());
+  segment_replay replay = [fn, requires_grad, keep](const std::vector<at::Tensor>& resident) {
     std::vector<at::Tensor> kept_values;
     for (const at::Tensor& t : keep) kept_values.push_back(t.detach().clone());
     std::vector<at::Tensor> detached;
-    for (const at::Tensor& t : held) {
-      detached.push_back(t.defined() ? t.detach().requires_grad_(t.requires_grad()) : t);
+    for (std::size_t i = 0; i < resident.size(); ++i) {
+      const at::Tensor& t = resident[i];
+      detached.push_back(t.defined() ? t.detach().requires_grad_(requires_grad[i]) : t);
     }
-    std::vector<at::Tensor> recorded;
-    replay_record = &recorded;
+    segment_run run;
+    replay_record = &run.saved;
     try {
       at::AutoGradMode grad(true);
-      (void)fn(detached);
+      run.outputs.push_back(fn(detached));
     } catch (...) {
       replay_record = nullptr;
       throw;
@@ -125,9 +128,9 @@ at::Tensor checkpoint(const segment_function& fn, const std::vector<at::Tensor>&
     replay_record = nullptr;
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < keep.size(); ++i) keep[i].detach().copy_(kept_values[i]);
-    return recorded;
+    return run;
   };
-  manager->begin_segment(std::move(replay), std::move(cuda_devices));
+  manager->begin_segment(std::move(replay), std::move(cuda_devices), inputs);
   const auto start = std::chrono::steady_clock::now();
   at::Tensor out;
   try {
@@ -136,7 +139,10 @@ at::Tensor checkpoint(const segment_function& fn, const std::vector<at::Tensor>&
     manager->end_segment(0);
     throw;
   }
-  manager->end_segment(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  // Its output, so that the next segment's input (or a save after it) can be dropped and
+  // recomputed by this one's replay.
+  manager->end_segment(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                       {out});
   return out;
 }
 

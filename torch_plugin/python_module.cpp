@@ -164,26 +164,30 @@ void bind_activation_manager(py::module_& m) {
              return self.unpack(*h.handle);
            })
       .def("begin_segment",
-           [](activation_manager& self, py::function replay, std::vector<c10::DeviceIndex> devices) {
+           [](activation_manager& self, py::function replay, std::vector<c10::DeviceIndex> devices,
+              std::vector<at::Tensor> inputs) {
              std::shared_ptr<py::function> fn = keep(std::move(replay));
-             torch_plugin::segment_replay run = [fn]() {
+             torch_plugin::segment_replay run = [fn](const std::vector<at::Tensor>& resident) {
                py::gil_scoped_acquire gil;
-               std::vector<at::Tensor> saved;
+               torch_plugin::segment_run out;
                {
-                 py::object recorded = (*fn)();
-                 for (py::handle t : recorded) saved.push_back(cpp_only_alias(t.cast<at::Tensor>()));
-               }  // the Python tensors go with the list: only `saved` holds their storages now
-               return saved;
+                 py::tuple got = (*fn)(resident);  // (saved tensors, output tensors)
+                 for (py::handle t : got[0]) out.saved.push_back(cpp_only_alias(t.cast<at::Tensor>()));
+                 for (py::handle t : got[1]) out.outputs.push_back(cpp_only_alias(t.cast<at::Tensor>()));
+               }  // the Python tensors go with the tuple: only `out` holds their storages now
+               return out;
              };
              py::gil_scoped_release no_gil;
-             self.begin_segment(std::move(run), std::move(devices));
+             self.begin_segment(std::move(run), std::move(devices), inputs);
            })
-      .def("end_segment", &activation_manager::end_segment, py::call_guard<py::gil_scoped_release>())
+      .def("end_segment", &activation_manager::end_segment, py::arg("host_seconds"),
+           py::arg("outputs") = std::vector<at::Tensor>{}, py::call_guard<py::gil_scoped_release>())
       .def("evict",
            [](activation_manager& self, std::size_t bytes) {
              py::gil_scoped_release no_gil;
              return self.evict(bytes);
            })
+      .def("end_scope", &activation_manager::end_scope, py::call_guard<py::gil_scoped_release>())
       .def("enforce_max_resident", &activation_manager::enforce_max_resident,
            py::call_guard<py::gil_scoped_release>())
       .def("stats",

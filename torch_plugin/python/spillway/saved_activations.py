@@ -143,7 +143,7 @@ class ActivationManager:
     def __exit__(self, *exc):
         self._hooks.__exit__(*exc)
         _active.stack.pop()
-        self._m.enforce_max_resident()  # what the last packs could not evict yet
+        self._m.end_scope()  # what the last packs could not evict yet; the last segment goes
         return False
 
     # --- checkpoint segments ------------------------------------------------------------------
@@ -151,28 +151,48 @@ class ActivationManager:
     def run_segment(self, fn, args, kwargs):
         devices = sorted({a.device.index or 0 for a in args
                           if isinstance(a, torch.Tensor) and a.is_cuda})
+        # The tensor arguments are the manager's to hold (evictable like saved activations, and
+        # handed back resident to the replay): the replay must not keep them alive itself.
+        at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        grads = [args[i].requires_grad for i in at]
+        others = [None if isinstance(a, torch.Tensor) else a for a in args]
 
-        def replay():
+        def replay(resident):
             recorded = []
 
             def record(t):
                 recorded.append(t.detach())
                 return None
 
-            inputs = [a.detach().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor)
-                      else a for a in args]
+            inputs = list(others)
+            for i, t, g in zip(at, resident, grads):
+                inputs[i] = t.detach().requires_grad_(g)
+            del resident
             with _running_stats_kept(_batch_norms(fn)), \
                     torch.autograd.graph.saved_tensors_hooks(record, lambda _: None), \
                     torch.enable_grad():
-                fn(*inputs, **kwargs)
-            return recorded
+                out = _tensors_of(fn(*inputs, **kwargs))
+            return recorded, out
 
-        self._m.begin_segment(replay, devices)
+        self._m.begin_segment(replay, devices, [args[i] for i in at])
         start = time.perf_counter()
+        out = None
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            return out
         finally:
-            self._m.end_segment(time.perf_counter() - start)
+            # Its outputs, so that the next segment's input (or a save after it) can be dropped
+            # and recomputed by this one's replay.
+            self._m.end_segment(time.perf_counter() - start, _tensors_of(out))
+
+
+def _tensors_of(out):
+    """The tensors a segment returned, in order: the output itself, or those of a tuple or list."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    return []
 
 
 def activations(max_resident=None, mode="hybrid", policy=None, prefetch=2, min_bytes=1 << 16,
