@@ -241,3 +241,51 @@ TEST_CASE("an unpack's prefetch under pressure never evicts the storage it retur
   hb.reset();
   manager->close();
 }
+
+TEST_CASE("under the allocator's pressure the victim is the one whose free makes the range asked for") {
+  // One 20 MiB segment, full: [A 2][X 3][B 2][Z 2][free 2][C 9] MiB, A, B and C held by the
+  // program, X and Z saved (evictable). The budget is the segment. A 4 MiB request fits only
+  // where Z and the free block are: Z alone serves it. By bytes alone the policy ("largest")
+  // would take X first, whose free (3 MiB between held blocks) serves nothing.
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  budgeted_cpu cpu(20 * mib);
+  activation_options options;
+  options.mode = activation_mode::spill;
+  options.policy = activation_policy::largest;
+  options.min_bytes = 0;
+  options.prefetch = 0;
+  auto manager = activation_manager::make(options, &cpu.devices());
+  const auto bytes_tensor = [](std::size_t n, int fill) {
+    return at::full({static_cast<std::int64_t>(n)}, fill, at::TensorOptions().dtype(at::kByte));
+  };
+  at::Tensor a = bytes_tensor(2 * mib, 1);
+  std::shared_ptr<activation_manager::saved> hx = manager->pack(bytes_tensor(3 * mib, 2));
+  at::Tensor b = bytes_tensor(2 * mib, 3);
+  std::shared_ptr<activation_manager::saved> hz = manager->pack(bytes_tensor(2 * mib, 4));
+  at::Tensor hole = bytes_tensor(2 * mib, 5);
+  at::Tensor c = bytes_tensor(9 * mib, 6);
+  device_allocator& d = cpu.devices().device(0);
+  REQUIRE(d.stats().reserved_bytes[0].current == 20 * mib);
+  const char* base = static_cast<const char*>(a.const_data_ptr());
+  REQUIRE(static_cast<const char*>(c.const_data_ptr()) == base + 11 * mib);  // the layout above
+  hole.reset();
+  REQUIRE(d.largest_free_block() == 2 * mib);
+
+  at::Tensor wanted = bytes_tensor(4 * mib, 7);
+  CHECK(static_cast<const char*>(wanted.const_data_ptr()) == base + 7 * mib);  // Z's and the hole's
+  const activation_stats s = manager->stats();
+  CHECK(s.pressure_calls == 1);
+  CHECK(s.spills == 1);
+  CHECK(s.bytes_spilled == 2 * mib);  // Z, not X
+  // Z comes back intact once there is room again.
+  wanted.reset();
+  at::Tensor z = manager->unpack(*hz);
+  CHECK(at::equal(z, bytes_tensor(2 * mib, 4)));
+  z.reset();
+  a.reset();
+  b.reset();
+  c.reset();
+  hx.reset();
+  hz.reset();
+  manager->close();
+}

@@ -2,6 +2,8 @@
 // checkpoint segment can recompute), by cost. Contract: activation_manager.hpp.
 #include <algorithm>
 
+#include "spillway/size_classes.hpp"
+
 #include "activation_manager_impl.hpp"
 
 namespace spillway::torch_plugin {
@@ -26,55 +28,126 @@ std::pair<double, bool> activation_manager::restore_cost(entry& e) {
   return recompute <= transfer ? std::pair{recompute, true} : std::pair{transfer, false};
 }
 
-activation_manager::entry* activation_manager::choose(std::vector<entry*>& candidates, double now) {
-  auto score = [&](entry* e) -> double {
-    switch (options_.policy) {
-      case activation_policy::lru: return e->last_use;
-      case activation_policy::largest: return -static_cast<double>(e->nbytes);
-      case activation_policy::dtr: break;
-    }
-    // DTR: h = cost / (size x staleness); a tiny floor keeps free-to-restore victims ordered.
-    return (restore_cost(*e).first + 1e-9) /
-           (static_cast<double>(e->nbytes) * std::max(now - e->last_use, 1e-6));
-  };
-  std::size_t best = 0;
-  double best_score = score(candidates[0]);
-  for (std::size_t i = 1; i < candidates.size(); ++i) {
-    const double s = score(candidates[i]);  // once per candidate
-    if (s < best_score) {
-      best = i;
-      best_score = s;
+double activation_manager::score(entry& e, double now) {
+  switch (options_.policy) {
+    case activation_policy::lru: return e.last_use;
+    case activation_policy::largest: return -static_cast<double>(e.nbytes);
+    case activation_policy::dtr: break;
+  }
+  // DTR: h = cost / (size x staleness); a tiny floor keeps free-to-restore victims ordered.
+  return (restore_cost(e).first + 1e-9) /
+         (static_cast<double>(e.nbytes) * std::max(now - e.last_use, 1e-6));
+}
+
+std::vector<activation_manager::entry*> activation_manager::candidates_of(
+    const device_allocator* memory_of) {
+  std::vector<entry*> out;
+  for (auto& [key, e] : entries_) {
+    if (evictable(*e) && (memory_of == nullptr || memory_of->owns(e->storage.data()))) {
+      out.push_back(e.get());
     }
   }
-  entry* victim = candidates[best];
-  candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(best));
-  return victim;
+  return out;
+}
+
+std::size_t activation_manager::pinned_bytes(const device_allocator* memory_of) const {
+  std::size_t pinned = 0;
+  for (const auto& [key, e] : entries_) {
+    if (e->state == entry_state::resident && !evictable(*e) &&
+        (memory_of == nullptr || memory_of->owns(e->storage.data()))) {
+      pinned += e->nbytes;
+    }
+  }
+  return pinned;
 }
 
 std::pair<std::size_t, std::size_t> activation_manager::evict(std::size_t wanted,
                                                               const device_allocator* memory_of) {
   std::lock_guard lock(mutex_);
-  const auto in_scope = [memory_of](const entry& e) {
-    return memory_of == nullptr ||
-           (e.state == entry_state::resident && memory_of->owns(e.storage.data()));
-  };
-  std::vector<entry*> candidates;
-  for (auto& [key, e] : entries_) {
-    if (evictable(*e) && in_scope(*e)) candidates.push_back(e.get());
-  }
+  std::vector<entry*> candidates = candidates_of(memory_of);
   std::size_t freed = 0;
   const double now = now_seconds();
   while (freed < wanted && !candidates.empty()) {
+    // The best by the policy, once per candidate.
+    std::size_t best = 0;
+    double best_score = score(*candidates[0], now);
+    for (std::size_t i = 1; i < candidates.size(); ++i) {
+      const double s = score(*candidates[i], now);
+      if (s < best_score) {
+        best = i;
+        best_score = s;
+      }
+    }
+    entry& victim = *candidates[best];
+    candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(best));
     // Checked again: an eviction's own allocations (a spill's host copy on the CPU) may run the
     // pressure handler, which evicts from the same entries on this thread.
-    entry& victim = *choose(candidates, now);
     if (evictable(victim)) freed += evict_one(victim);
   }
-  std::size_t pinned = 0;
-  for (auto& [key, e] : entries_) {
-    if (e->state == entry_state::resident && !evictable(*e) && in_scope(*e)) pinned += e->nbytes;
+  return {freed, pinned_bytes(memory_of)};
+}
+
+// Under the allocator's pressure a free range of request.bytes is what serves the request, or,
+// past the budget, bytes given back to the device (whole segments; with expandable segments whole
+// granules): scattered bytes may serve nothing. So each victim is weighed by what its free would
+// make, as the engine's pressure handler does (engine_pressure.cpp):
+//   1. a candidate whose free coalesces, with its free and pending-free neighbours, into a range
+//      that fits the request on its stream and pool, or whose free gives back what covers the
+//      rest of the shortfall, serves it: the best of those by the policy is evicted, and the
+//      round ends;
+//   2. else the candidate on the request's stream and pool whose free leaves the largest range
+//      (in 16ths of the request, the policy breaking ties) is evicted, so that evictions grow one
+//      hole rather than many; with none there, the policy's best;
+// until max(bytes, shortfall) bytes are freed; the allocator calls again while a round frees
+// something (Note [Memory pressure path]). One allocator lookup per candidate and victim: the
+// candidates are the saved storages of one device, hundreds, not the engine's thousands.
+std::pair<std::size_t, std::size_t> activation_manager::evict_for(const pressure_request& request,
+                                                                  const device_allocator& memory) {
+  std::lock_guard lock(mutex_);
+  std::vector<entry*> candidates = candidates_of(&memory);
+  const double now = now_seconds();
+  const std::size_t enough = std::max({request.bytes, request.shortfall, std::size_t{1}});
+  std::size_t freed = 0, released = 0;
+  while (freed < enough && !candidates.empty()) {
+    struct weighed {
+      bool serves = false;
+      std::size_t bucket = 0;  // the range its free leaves, in 16ths of the request (capped)
+      std::size_t gives = 0;   // what its free gives back to the device
+      double score = 0;
+    };
+    std::vector<weighed> w(candidates.size());
+    for (std::size_t i = 0; i < candidates.size(); ++i) {
+      const void* ptr = candidates[i]->storage.data();
+      const allocation_info info = memory.describe(ptr);
+      const bool here = info.stream == request.stream &&
+                        size_classes::is_small(info.size) == request.small_pool;
+      const std::size_t range = here ? memory.coalesced_size_if_freed(ptr) : 0;
+      w[i].gives = request.shortfall > 0 ? memory.releasable_if_freed(ptr) : 0;
+      w[i].serves = (request.bytes > 0 && range >= request.bytes) ||
+                    (request.shortfall > 0 && released + w[i].gives >= request.shortfall);
+      w[i].bucket = request.bytes > 0 ? std::min<std::size_t>(range * 16 / request.bytes, 16) : 0;
+      w[i].score = score(*candidates[i], now);
+    }
+    const auto better = [&](std::size_t a, std::size_t b) {  // a is a better victim than b
+      if (w[a].serves != w[b].serves) return w[a].serves;
+      if (!w[a].serves && w[a].bucket != w[b].bucket) return w[a].bucket > w[b].bucket;
+      return w[a].score < w[b].score;
+    };
+    std::size_t best = 0;
+    for (std::size_t i = 1; i < candidates.size(); ++i) {
+      if (better(i, best)) best = i;
+    }
+    entry& victim = *candidates[best];
+    const weighed chosen = w[best];
+    candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(best));
+    if (!evictable(victim)) continue;  // see evict
+    const std::size_t n = evict_one(victim);
+    if (n == 0) continue;  // a spill not made (no host memory) and no drop possible
+    freed += n;
+    released += chosen.gives;
+    if (chosen.serves) break;
   }
-  return {freed, pinned};
+  return {freed, pinned_bytes(&memory)};
 }
 
 std::size_t activation_manager::evict_one(entry& e) {

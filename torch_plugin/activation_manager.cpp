@@ -90,8 +90,9 @@ std::shared_ptr<activation_manager> activation_manager::make(activation_options 
           std::unique_lock lock(self->mutex_, std::try_to_lock);
           if (!lock.owns_lock()) return {};  // busy on another thread: see the contract
           ++self->counters_.pressure_calls;
-          auto [freed, pinned] = self->evict(std::max({r.bytes, r.shortfall, std::size_t{1}}),
-                                             self->pressure_source_->created_device(r.device));
+          const device_allocator* memory = self->pressure_source_->created_device(r.device);
+          if (memory == nullptr) return {};
+          auto [freed, pinned] = self->evict_for(r, *memory);
           return {freed, pinned};
         });
   }

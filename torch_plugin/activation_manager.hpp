@@ -45,8 +45,10 @@
 // - Pressure: whenever the resident bytes of evictable saved storages (those only the manager
 //   holds) exceed max_resident (at every pack and unpack, and when a scope ends), and, when
 //   constructed with a plugin_allocator, whenever one of its allocations does not fit the budget
-//   (a pressure handler, which evicts only storages whose memory is that device's; a manager busy
-//   on another thread answers "nothing" instead of waiting, which could deadlock).
+//   (a pressure handler, which evicts only storages whose memory is that device's, first those
+//   whose free makes a free range that fits the request or gives back the budget's shortfall,
+//   then those that grow the largest range: not merely enough bytes; a manager busy on another
+//   thread answers "nothing" instead of waiting, which could deadlock).
 // - Host memory: a spill that would take spilled copies over max_spilled bytes, or whose host
 //   buffer cannot be allocated (pinned memory exhausted), is not made, and nothing is lost: the
 //   storage is dropped instead when its segment can recompute it (modes hybrid and drop), else it
@@ -166,6 +168,11 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   // is resident and may not be evicted now (of `memory_of`, if given).
   std::pair<std::size_t, std::size_t> evict(std::size_t wanted,
                                             const device_allocator* memory_of = nullptr);
+  // The allocator's pressure handler: evicts storages of `memory` until `request` can be served,
+  // preferring victims whose free makes a range that fits it (activation_eviction.cpp). Returns
+  // (freed, pinned) as evict does.
+  std::pair<std::size_t, std::size_t> evict_for(const pressure_request& request,
+                                                const device_allocator& memory);
   void enforce_max_resident();
   // A scope of saves (spillway.activations(), activation_scope) ends: enforces max_resident, and
   // lets go of the segment that ended last (a storage registered after this takes no lineage
@@ -191,7 +198,9 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   void forget(entry& e);
   bool evictable(const entry& e) const;
   std::pair<double, bool> restore_cost(entry& e);  // seconds, true = drop
-  entry* choose(std::vector<entry*>& candidates, double now);
+  double score(entry& e, double now);  // the policy's: the smallest is the best victim
+  std::vector<entry*> candidates_of(const device_allocator* memory_of);
+  std::size_t pinned_bytes(const device_allocator* memory_of) const;
   std::size_t evict_one(entry& e);
   at::Tensor spill_buffer(const entry& e);  // undefined: no host memory for it
   void copy_out(entry& e, at::Tensor host);
