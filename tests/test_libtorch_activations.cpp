@@ -323,6 +323,36 @@ TEST_CASE("a replay that saves one storage where the first run saved two refills
   CHECK(at::equal(kept, at::full({n}, 7.0f)));
 }
 
+TEST_CASE("a resident storage of a segment may be evicted while that segment is replayed") {
+  // The replay reads only the segment's inputs: its other storages need not stay resident for it
+  // (they did, pinned: memory a replay under pressure could not use). One evicted meanwhile is
+  // refilled from the replay like the dropped ones.
+  auto manager = activation_manager::make(drop_when_asked());
+  constexpr std::int64_t n = 1024;
+  activation_manager* m = manager.get();  // not a shared_ptr: the segment would keep it alive
+  manager->begin_segment([m](const std::vector<at::Tensor>&) {
+    m->evict(std::size_t{1} << 30);  // pressure in the middle of the replay
+    return segment_run{{at::full({n}, 1.0f), at::full({n}, 2.0f)}, {}};
+  }, {}, {});
+  std::shared_ptr<activation_manager::saved> ha, hb;
+  at::Tensor b;
+  {
+    at::Tensor a = at::full({n}, 1.0f);
+    b = at::full({n}, 2.0f);
+    ha = manager->pack(a);
+    hb = manager->pack(b);
+  }
+  manager->end_segment(1e-3);
+  REQUIRE(manager->evict(std::size_t{1} << 30).first == n * sizeof(float));  // a: b is held
+  b.reset();
+  at::Tensor got_a = manager->unpack(*ha);
+  CHECK(at::equal(got_a, at::full({n}, 1.0f)));
+  CHECK(manager->stats().drops == 2);  // b too, during the replay
+  at::Tensor got_b = manager->unpack(*hb);
+  CHECK(at::equal(got_b, at::full({n}, 2.0f)));
+  CHECK(manager->stats().recomputes == 1);  // b was refilled by the same replay
+}
+
 TEST_CASE("without host memory for a spill, a storage is dropped if it can be, else kept") {
   // max_spilled = 0: no spill can be made. In hybrid mode the checkpoint segments' storages are
   // dropped instead of spilled and the others stay resident; in spill mode nothing is evicted.

@@ -132,7 +132,7 @@ void activation_manager::release(saved& handle) noexcept {
 }
 
 void activation_manager::forget(entry& e) {
-  if (e.pins > 0) {  // a recomputation is using it: it goes when that is done
+  if (e.users > 0) {  // a recomputation refers to it: it goes when that is done
     e.orphaned = true;
     return;
   }
@@ -209,7 +209,7 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
     resident_bytes_ += slot->nbytes;
   }
   entry* e = slot.get();
-  e->orphaned = false;  // saved again while a recomputation pinned it: it has a handle once more
+  e->orphaned = false;  // saved again while a recomputation used it: it has a handle once more
   if (saved_by_autograd) {
     note_saved(e);
     ++counters_.packed;

@@ -82,8 +82,12 @@ struct activation_manager::entry {
   std::shared_ptr<segment> lineage;      // the checkpoint segment that made it
   std::uint64_t seq = 0;
   double last_use = 0;
-  int pins = 0;                          // > 0 while a recomputation needs it resident
-  bool orphaned = false;                 // its last handle went while it was pinned
+  // A recomputation refers to it (> 0): it is forgotten only afterwards (orphaned). Not a pin:
+  // a member that is resident may be evicted while its segment is replayed, which reads only the
+  // segment's inputs; one refilled is pinned until the recomputation returns.
+  int users = 0;
+  int pins = 0;                          // > 0: not evictable
+  bool orphaned = false;                 // its last handle went while it had users
 };
 
 

@@ -167,20 +167,24 @@ void activation_manager::recompute(segment& s, bool nested) {
     members.push_back(output.first ? entry_of(*output.first) : nullptr);
   }
   for (entry* e : members) {
-    if (e) ++e->pins;
+    if (e) ++e->users;
   }
-  struct unpin {
+  std::vector<entry*> refilled;  // pinned until the end: the refill's allocations may evict
+  refilled.reserve(members.size());  // so that recording one never throws
+  struct release_members {
     activation_manager& self;
     std::vector<entry*>& members;
-    ~unpin() {
+    std::vector<entry*>& refilled;
+    ~release_members() {
+      for (entry* e : refilled) --e->pins;
       for (entry*& e : members) {
-        if (e && --e->pins == 0 && e->orphaned) {
+        if (e && --e->users == 0 && e->orphaned) {
           self.forget(*e);
           e = nullptr;
         }
       }
     }
-  } unpin_guard{*this, members};
+  } release_guard{*this, members, refilled};
 
   std::vector<at::Tensor> fresh;
   {
@@ -235,6 +239,8 @@ void activation_manager::recompute(segment& s, bool nested) {
     e->storage.set_nbytes(e->nbytes);
     e->state = entry_state::resident;
     resident_bytes_ += e->nbytes;
+    ++e->pins;
+    refilled.push_back(e);
   }
   ++counters_.recomputes;
   if (nested) ++counters_.nested_recomputes;
