@@ -185,8 +185,9 @@ TEST_CASE("under the allocator's own pressure, training is bit-identical in ever
       } catch (const c10::OutOfMemoryError& e) {
         MESSAGE("out of memory at " << ratio << " in " << mode_name(mode) << ": "
                                      << std::string(e.what_without_backtrace()));
-        // What cannot be evicted (weights, gradients, segment inputs) fits at 70%; a replay
-        // holds its segment's tensors while refilling the dropped ones, so 50% fits for spill.
+        // What cannot be evicted (weights, gradients, what a backward node or a replay uses)
+        // fits at 70%; a replay needs its segment's bytes while refilling the dropped ones, so
+        // 50% fits for spill.
         CHECK((ratio < 0.5 || (ratio < 0.7 && mode != activation_mode::spill)));
         continue;
       }
