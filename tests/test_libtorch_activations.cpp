@@ -91,6 +91,9 @@ TEST_CASE("dropped checkpoint segments are recomputed bit-identically, state upd
   // The boundaries (a segment's output, the next one's input) were dropped too: restoring the
   // last segment's input replayed the segments before it first.
   CHECK(s.nested_recomputes > 0);
+  // Refilled by taking the replay's memory: nothing else (not the replay's own graph, kept alive
+  // by the output it returns) holds it.
+  CHECK(s.recompute_moves > 0);
 }
 
 TEST_CASE("a segment's input is evictable once the program lets go of it") {

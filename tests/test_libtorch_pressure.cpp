@@ -186,9 +186,10 @@ TEST_CASE("under the allocator's own pressure, training is bit-identical in ever
         MESSAGE("out of memory at " << ratio << " in " << mode_name(mode) << ": "
                                      << std::string(e.what_without_backtrace()));
         // What cannot be evicted (weights, gradients, what a backward node or a replay uses)
-        // fits at 70%; a replay needs its segment's bytes while refilling the dropped ones, so
-        // 50% fits for spill.
-        CHECK((ratio < 0.5 || (ratio < 0.7 && mode != activation_mode::spill)));
+        // fits at 50% in every mode: a replay needs its segment's bytes once (it refills the
+        // dropped storages with its own memory). When the replay's graph kept its saved tensors
+        // alive, each refill was a copy and drop and hybrid ran out of memory at 50%.
+        CHECK(ratio < 0.5);
         continue;
       }
       CHECK(got->stats.pressure_calls > 0);

@@ -71,6 +71,7 @@ class CheckpointRecompute(unittest.TestCase):
         # The boundaries between segments were dropped too (the manager, not the replay, holds a
         # segment's inputs): a replay restored its input by replaying the segment before first.
         self.assertGreater(stats["nested_recomputes"], 0)
+        self.assertGreater(stats["recompute_moves"], 0)  # no copy: only the replay held them
         self.assertEqual(stats["registered"], 0)
 
     def test_an_output_modified_in_place_is_not_recomputed_from_its_segment(self):

@@ -26,8 +26,13 @@ class spillway_saved_hooks final : public torch::autograd::SavedVariableHooks {
       : manager_(std::move(manager)) {}
 
   void call_pack_hook(const at::Tensor& tensor) override {
-    if (replay_record != nullptr || !manager_) {
-      if (replay_record != nullptr) replay_record->push_back(tensor.detach());
+    if (replay_record != nullptr) {
+      // A replay's graph is never run backward: it keeps nothing, or its saved tensors would
+      // live (and hold a second copy of the segment's memory) as long as its output does.
+      replay_record->push_back(tensor.detach());
+      return;
+    }
+    if (!manager_) {
       kept_ = tensor.detach();
       return;
     }
@@ -120,7 +125,7 @@ at::Tensor checkpoint(const segment_function& fn, const std::vector<at::Tensor>&
     replay_record = &run.saved;
     try {
       at::AutoGradMode grad(true);
-      run.outputs.push_back(fn(detached));
+      run.outputs.push_back(fn(detached).detach());  // without the replay's graph
     } catch (...) {
       replay_record = nullptr;
       throw;

@@ -175,8 +175,8 @@ class ActivationManager:
             with _running_stats_kept(_batch_norms(fn)), \
                     torch.autograd.graph.saved_tensors_hooks(record, lambda _: None), \
                     torch.enable_grad():
-                out = _tensors_of(fn(*inputs, **kwargs))
-            return recorded, out
+                out = [t.detach() for t in _tensors_of(fn(*inputs, **kwargs))]
+            return recorded, out  # the outputs without the replay's graph
 
         self._m.begin_segment(replay, devices, [args[i] for i in at])
         start = time.perf_counter()
