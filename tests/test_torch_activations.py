@@ -74,6 +74,60 @@ class CheckpointRecompute(unittest.TestCase):
         self.assertGreater(stats["recompute_moves"], 0)  # no copy: only the replay held them
         self.assertEqual(stats["registered"], 0)
 
+    def test_a_boundary_modified_in_place_by_the_next_segment(self):
+        # y is registered (the second segment's input) unchanged, taking the first segment as
+        # lineage; then that segment doubles it in place. Two ways to get it wrong, both tested:
+        # - y dropped and refilled from the first segment's replay: the bytes before the doubling;
+        # - the second segment's replay doubling y's own storage again.
+        # (The first layer is frozen: an in-place op on a segment input that requires grad fails
+        # in its replay, as with torch.utils.checkpoint.)
+        torch.manual_seed(0)
+        first = torch.nn.Linear(256, 256).requires_grad_(False)
+
+        class Double(torch.nn.Module):
+            def forward(self, t):
+                return t.mul_(2)
+        second = torch.nn.Sequential(Double(), torch.nn.Linear(256, 256))
+        x = torch.randn(256, 256)
+
+        def run(use):
+            for p in second.parameters():
+                p.grad = None
+            if use:
+                with spillway.activations(mode="drop", min_bytes=1024) as acts:
+                    y = spillway.checkpoint(first, x)
+                    out = spillway.checkpoint(second, y)
+                    del y
+                    loss = out.square().sum()
+                del out
+                acts.evict(1 << 40)
+                run.stats = acts.stats()
+            else:
+                loss = second(first(x)).square().sum()
+            loss.backward()
+            return [p.grad.clone() for p in second.parameters()]
+
+        reference = run(False)
+        got = run(True)
+        for a, b in zip(reference, got):
+            self.assertTrue(torch.equal(a, b), "a gradient differs")
+        # Neither y (changed since it took its lineage) nor the second segment's storages (its
+        # replay would double y again) may be dropped: in drop mode nothing is evicted.
+        self.assertEqual(run.stats["drops"], 0)
+
+    def test_an_input_modified_after_its_segment_was_dropped_fails_clearly(self):
+        torch.manual_seed(0)
+        block = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU())
+        x = torch.randn(256, 256)
+        with spillway.activations(mode="drop", min_bytes=1024) as acts:
+            y = spillway.checkpoint(block, x)
+            loss = y.square().sum()
+            del y
+        self.assertGreater(acts.evict(1 << 40)[0], 0)  # (freed, pinned)
+        x.mul_(2)  # the segment's replay would start from other bytes
+        with self.assertRaisesRegex(RuntimeError, "input was modified in place after the segment ran"):
+            loss.backward()
+
     def test_an_output_modified_in_place_is_not_recomputed_from_its_segment(self):
         # Its segment's replay would give the bytes before the change: it takes no lineage, and
         # drop mode keeps it (it was refilled with the old bytes: wrong gradients).

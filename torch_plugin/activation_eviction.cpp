@@ -15,12 +15,17 @@ bool activation_manager::evictable(const entry& e) const {
   return e.state == entry_state::resident && e.pins == 0 && !e.copy &&
          e.storage.resizable() && e.storage.allocator() != nullptr &&
          e.storage.use_count() == e.aliases + 1 &&
-         (options_.mode != activation_mode::drop || e.lineage != nullptr);
+         (options_.mode != activation_mode::drop || droppable(e));
+}
+
+bool activation_manager::droppable(const entry& e) const {
+  return e.lineage != nullptr && e.lineage_version.has_value() &&
+         detail::version_of(e.version) == e.lineage_version && inputs_unchanged(*e.lineage);
 }
 
 std::pair<double, bool> activation_manager::restore_cost(entry& e) {
   const double transfer = 2.0 * static_cast<double>(e.nbytes) / options_.link_bandwidth;
-  if (!e.lineage || options_.mode == activation_mode::spill) return {transfer, false};
+  if (!droppable(e) || options_.mode == activation_mode::spill) return {transfer, false};
   // Its segment's replay, and those of the dropped segments before it that it needs (a few back:
   // enough to tell a drop that starts a chain of replays from one that does not).
   const double recompute = segment_cost(*e.lineage, /*depth=*/8);
@@ -109,6 +114,12 @@ std::pair<std::size_t, std::size_t> activation_manager::evict_for(const pressure
   const std::size_t enough = std::max({request.bytes, request.shortfall, std::size_t{1}});
   std::size_t freed = 0, released = 0;
   while (freed < enough && !candidates.empty()) {
+    // An eviction's own allocations may have run this handler again on this thread (a custom
+    // host_allocator served by spillway): what it evicted is no candidate now.
+    std::erase_if(candidates, [&](entry* e) {
+      return !evictable(*e) || !memory.owns(e->storage.data());
+    });
+    if (candidates.empty()) break;
     struct weighed {
       bool serves = false;
       std::size_t bucket = 0;  // the range its free leaves, in 16ths of the request (capped)
@@ -140,7 +151,6 @@ std::pair<std::size_t, std::size_t> activation_manager::evict_for(const pressure
     entry& victim = *candidates[best];
     const weighed chosen = w[best];
     candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(best));
-    if (!evictable(victim)) continue;  // see evict
     const std::size_t n = evict_one(victim);
     if (n == 0) continue;  // a spill not made (no host memory) and no drop possible
     freed += n;
@@ -157,7 +167,7 @@ std::size_t activation_manager::evict_one(entry& e) {
     host = spill_buffer(e);
     if (!host.defined()) {  // no host memory for it (max_spilled, or none left): never lose it
       ++counters_.spill_fallbacks;
-      if (e.lineage == nullptr || options_.mode == activation_mode::spill) return 0;
+      if (!droppable(e) || options_.mode == activation_mode::spill) return 0;
       drop = true;  // its segment recomputes it
     }
   }

@@ -129,6 +129,7 @@ void activation_manager::release(saved& handle) noexcept {
   handle.alias_.reset();
   entry& e = *handle.entry_;
   if (--e.aliases == 0) forget(e);
+  settle_last_ended();  // an output it held may be gone now
 }
 
 void activation_manager::forget(entry& e) {
@@ -168,13 +169,27 @@ std::shared_ptr<activation_manager::saved> activation_manager::pack(const at::Te
 // returns that storage again.
 std::shared_ptr<activation_manager::segment> activation_manager::producer_of(const at::Tensor& tensor) {
   const std::shared_ptr<segment>& last = last_ended_;
-  if (!last) return nullptr;
+  if (!last || !last->replayable) return nullptr;
   for (const auto& [weak, version] : last->outputs) {
     if (weak && weak->lock().get() == tensor.storage().unsafeGetStorageImpl()) {
-      return tensor._version() == version ? last : nullptr;
+      return detail::version_of(tensor.unsafeGetTensorImpl()->version_counter()) == version ? last
+                                                                                            : nullptr;
     }
   }
   return nullptr;
+}
+
+// The segment that ended last is kept for producer_of only while one of its outputs may still
+// be registered: none is, once each is gone or has its entry. Then it goes (unless entries hold
+// it), and with it the chain of boundaries its inputs hold.
+void activation_manager::settle_last_ended() {
+  if (!last_ended_) return;
+  for (const auto& output : last_ended_->outputs) {
+    if (!output.first) continue;
+    c10::intrusive_ptr<c10::StorageImpl> storage = output.first->lock();
+    if (storage && entries_.count(storage.get()) == 0) return;
+  }
+  last_ended_.reset();
 }
 
 // pack, and a segment's input (begin_segment): the same entry per storage. Only autograd's saves
@@ -201,10 +216,16 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
     slot->device = storage.device();
     slot->seq = next_seq_++;
     slot->last_use = now_seconds();
+    slot->version = tensor.unsafeGetTensorImpl()->version_counter();
     if (saved_by_autograd && !open_segments_.empty()) {
-      slot->lineage = open_segments_.back();
+      slot->lineage = open_segments_.back();  // its lineage_version is set when that one ends
     } else {
       slot->lineage = producer_of(tensor);
+    }
+    // Saved while its segment runs: droppable once it has ended (end_segment). An output of a
+    // segment ended already: its bytes are the replay's now.
+    if (slot->lineage && !(saved_by_autograd && !open_segments_.empty())) {
+      slot->lineage_version = detail::version_of(slot->version);
     }
     resident_bytes_ += slot->nbytes;
   }
@@ -216,6 +237,7 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
   }
   ++e->aliases;
   auto handle = std::make_shared<saved>(shared_from_this(), e, tensor.detach());
+  settle_last_ended();
   enforce_max_resident();
   return handle;
 }

@@ -38,6 +38,12 @@
 //   from inside that replay, and a replay nested more than 64 deep fails with std::runtime_error
 //   (stats: nested_recomputes). DTR's cost of dropping a storage is its segment's forward time
 //   plus that of the earlier segments its replay would have to run first.
+// - In-place changes (tensor version counters): a storage is dropped only if its version is the
+//   one its lineage gives back (as at its segment's end, or when it was registered as an
+//   output) and the segment's inputs are as they were when it began; a segment that modifies an
+//   input in place has nothing dropped (its replay would start from other bytes). An input
+//   modified after its segment's storages were dropped makes the replay fail with
+//   std::runtime_error, never refill wrong bytes.
 // - After each unpack the next `prefetch` spilled storages in backward order (reverse pack order)
 //   start copying back, so that copies overlap compute. The unpacked storage is already held by
 //   the returned alias then, so a prefetch's allocation under pressure cannot evict it; a
@@ -197,6 +203,9 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   void release(saved& handle) noexcept;
   void forget(entry& e);
   bool evictable(const entry& e) const;
+  bool droppable(const entry& e) const;  // its lineage can give its bytes back
+  bool inputs_unchanged(const segment& s) const;
+  void settle_last_ended();
   std::pair<double, bool> restore_cost(entry& e);  // seconds, true = drop
   double score(entry& e, double now);  // the policy's: the smallest is the best victim
   std::vector<entry*> candidates_of(const device_allocator* memory_of);

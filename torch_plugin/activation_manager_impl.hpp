@@ -24,6 +24,12 @@ namespace spillway::torch_plugin {
 
 namespace detail {
 
+// The version of a tensor's counter; nullopt for one without (an inference tensor).
+inline std::optional<std::uint32_t> version_of(const c10::VariableVersion& counter) {
+  if (!counter.enabled()) return std::nullopt;
+  return counter.current_version();
+}
+
 inline double now_seconds() {
   using clock = std::chrono::steady_clock;
   return std::chrono::duration<double>(clock::now().time_since_epoch()).count();
@@ -52,6 +58,7 @@ enum class entry_state { resident, spilled, dropped };
 struct segment_input {
   std::shared_ptr<activation_manager::saved> held;
   at::Tensor kept;
+  std::optional<std::uint32_t> version;  // when the segment began (nullopt: no counter)
 };
 
 struct activation_manager::segment {
@@ -59,14 +66,18 @@ struct activation_manager::segment {
   std::vector<c10::DeviceIndex> cuda_devices;
   detail::generator_states rng;
   std::vector<segment_input> inputs;
+  // False once it is seen (end_segment) to have modified an input in place: a replay would start
+  // from the modified bytes, so nothing of it may be dropped.
+  bool replayable = true;
   bool replaying = false;
   // Every pack while it ran, in order (nullopt: kept as it is). Weak references: they do not keep
   // a storage's memory, but they keep its StorageImpl's address from being reused by another
   // storage, whose entry a replay would otherwise take for this segment's and refill.
   std::vector<std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>>> saved;
-  // What it returned (end_segment; nullopt: no storage), with each tensor's version then: a
-  // tensor modified in place since is not what a replay returns, and takes no lineage from it.
-  std::vector<std::pair<std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>>, std::int64_t>>
+  // What it returned (end_segment; nullopt: no storage, or no version counter), with each
+  // tensor's version then: a tensor modified in place since is not what a replay returns, and
+  // takes no lineage from it.
+  std::vector<std::pair<std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>>, std::uint32_t>>
       outputs;
   double cost_s = 0;
   std::optional<c10::Event> start, end;  // CUDA timing, read once complete
@@ -80,6 +91,13 @@ struct activation_manager::entry {
   at::Tensor host;                       // spilled bytes
   std::optional<c10::Event> copy;        // CUDA: the copy the next user waits for
   std::shared_ptr<segment> lineage;      // the checkpoint segment that made it
+  // The version counter of the tensor first registered (its views share it), and its value when
+  // the lineage's bytes were the storage's: the end of the segment that saved it (unset while it
+  // runs, and for a segment not replayable), or when a segment's output was registered. Dropped
+  // only while the two agree (droppable): a storage modified in place since is not what a replay
+  // gives back.
+  c10::VariableVersion version;
+  std::optional<std::uint32_t> lineage_version;
   std::uint64_t seq = 0;
   double last_use = 0;
   // A recomputation refers to it (> 0): it is forgotten only afterwards (orphaned). Not a pin:

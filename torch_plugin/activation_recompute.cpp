@@ -152,6 +152,11 @@ void activation_manager::recompute(segment& s, bool nested) {
     }
   } replaying{s, replay_depth_};
   std::vector<at::Tensor> inputs = resident_inputs(s);
+  if (!inputs_unchanged(s)) {  // after its storages were dropped (droppable checks it before)
+    throw std::runtime_error("spillway: a checkpoint segment's input was modified in place after "
+                             "the segment ran and its activations were dropped: they cannot be "
+                             "recomputed (the replay would start from other bytes)");
+  }
   // What it saved, then what it returned: the entries a replay refills, in the order it gives
   // them. A storage that is gone has no entry; one that lives is this segment's (see segment).
   const auto entry_of = [this](const c10::weak_intrusive_ptr<c10::StorageImpl>& weak) -> entry* {
@@ -166,11 +171,12 @@ void activation_manager::recompute(segment& s, bool nested) {
   for (const auto& output : s.outputs) {
     members.push_back(output.first ? entry_of(*output.first) : nullptr);
   }
+  std::vector<entry*> refilled;  // pinned until the end: the refill's allocations may evict
+  refilled.reserve(members.size());  // first: once users are counted, nothing may throw before
+                                     // the guard below exists
   for (entry* e : members) {
     if (e) ++e->users;
   }
-  std::vector<entry*> refilled;  // pinned until the end: the refill's allocations may evict
-  refilled.reserve(members.size());  // so that recording one never throws
   struct release_members {
     activation_manager& self;
     std::vector<entry*>& members;
@@ -203,10 +209,17 @@ void activation_manager::recompute(segment& s, bool nested) {
     fresh.insert(fresh.end(), run.outputs.begin(), run.outputs.end());
   }
   inputs.clear();  // held no more: an input the replay saved again is then the replay's alone
-  // Check every size first, so that a failing replay changes nothing.
+  // What is refilled: the members dropped now. One dropped later, by the pressure of the
+  // refill's own allocations, stays dropped (restored when it is used), as its size was not
+  // checked. Check every size first, so that a failing replay changes nothing.
+  std::vector<bool> to_refill(members.size(), false);
   for (std::size_t i = 0; i < members.size() && i < fresh.size(); ++i) {
     entry* e = members[i];
-    if (e == nullptr || e->state != entry_state::dropped) continue;
+    to_refill[i] = e != nullptr && !e->orphaned && e->state == entry_state::dropped;
+  }
+  for (std::size_t i = 0; i < members.size() && i < fresh.size(); ++i) {
+    entry* e = members[i];
+    if (!to_refill[i]) continue;
     const std::size_t got = fresh[i].defined() && fresh[i].has_storage() ? fresh[i].storage().nbytes() : 0;
     if (got != e->nbytes) {
       throw std::runtime_error("spillway: recomputing a checkpoint segment gave a storage of " +
@@ -222,7 +235,9 @@ void activation_manager::recompute(segment& s, bool nested) {
   std::unordered_map<c10::StorageImpl*, entry*> taken_by;
   for (std::size_t i = 0; i < members.size() && i < fresh.size(); ++i) {
     entry* e = members[i];
-    if (e == nullptr || e->orphaned || e->state != entry_state::dropped) continue;  // or refilled
+    // Dropped since, by the pressure of this loop's copies: not checked, so left dropped. And one
+    // refilled already through another index (a storage saved twice) is not refilled again.
+    if (!to_refill[i] || e->orphaned || e->state != entry_state::dropped) continue;
     c10::StorageImpl* source = fresh[i].storage().unsafeGetStorageImpl();
     const auto taken = taken_by.find(source);
     if (taken == taken_by.end() && only_in_fresh.count(source) > 0 &&
@@ -244,6 +259,18 @@ void activation_manager::recompute(segment& s, bool nested) {
   }
   ++counters_.recomputes;
   if (nested) ++counters_.nested_recomputes;
+}
+
+// Every input still has the version it had when the segment began: a replay starts from the
+// same bytes.
+bool activation_manager::inputs_unchanged(const segment& s) const {
+  for (const segment_input& in : s.inputs) {
+    const at::Tensor& t = in.held ? in.held->alias_ : in.kept;  // the alias shares the counter
+    if (t.defined() && detail::version_of(t.unsafeGetTensorImpl()->version_counter()) != in.version) {
+      return false;
+    }
+  }
+  return true;
 }
 
 // A replay's cost: the segment's measured forward time (on CUDA its device time, once the end
@@ -277,6 +304,7 @@ void activation_manager::begin_segment(segment_replay replay,
     segment_input in;
     in.held = hold(t, /*saved_by_autograd=*/false);
     if (!in.held) in.kept = t;
+    if (t.defined()) in.version = detail::version_of(t.unsafeGetTensorImpl()->version_counter());
     s->inputs.push_back(std::move(in));
   }
   s->replay = std::move(replay);
@@ -294,21 +322,36 @@ void activation_manager::end_segment(double host_seconds, const std::vector<at::
   if (open_segments_.empty()) {
     throw invalid_argument("spillway: end_segment without begin_segment");
   }
-  segment& s = *open_segments_.back();
-  s.cost_s = host_seconds;
-  if (s.start) {
-    s.end.emplace(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
-    s.end->record(c10::cuda::getCurrentCUDAStream(s.cuda_devices.front()).unwrap());
+  // Closed first: whatever throws below, no later save takes an open segment for lineage.
+  std::shared_ptr<segment> s = std::move(open_segments_.back());
+  open_segments_.pop_back();
+  s->cost_s = host_seconds;
+  if (s->start) {
+    s->end.emplace(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+    s->end->record(c10::cuda::getCurrentCUDAStream(s->cuda_devices.front()).unwrap());
   }
-  for (const at::Tensor& t : outputs) {
-    if (t.defined() && t.has_storage()) {
-      s.outputs.emplace_back(t.storage().getWeakStorageImpl(), t._version());
-    } else {
-      s.outputs.emplace_back(std::nullopt, 0);
+  s->replayable = inputs_unchanged(*s);
+  // Its saved storages' bytes are, from now on, what its replay gives back (if it can replay).
+  for (const auto& weak : s->saved) {
+    if (!weak || !s->replayable) continue;
+    if (c10::intrusive_ptr<c10::StorageImpl> storage = weak->lock()) {
+      auto it = entries_.find(storage.get());
+      if (it != entries_.end() && it->second->lineage == s) {
+        it->second->lineage_version = detail::version_of(it->second->version);
+      }
     }
   }
-  last_ended_ = open_segments_.back();
-  open_segments_.pop_back();
+  for (const at::Tensor& t : outputs) {
+    const std::optional<std::uint32_t> version =
+        t.defined() ? detail::version_of(t.unsafeGetTensorImpl()->version_counter()) : std::nullopt;
+    if (version && t.has_storage()) {
+      s->outputs.emplace_back(t.storage().getWeakStorageImpl(), *version);
+    } else {
+      s->outputs.emplace_back(std::nullopt, 0);  // no storage, or no version to check it by
+    }
+  }
+  last_ended_ = std::move(s);
+  settle_last_ended();  // none of its outputs may be left to register
 }
 
 }  // namespace spillway::torch_plugin
