@@ -218,15 +218,14 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
     slot->last_use = now_seconds();
     slot->version = tensor.unsafeGetTensorImpl()->version_counter();
     if (saved_by_autograd && !open_segments_.empty()) {
-      slot->lineage = open_segments_.back();  // its lineage_version is set when that one ends
+      slot->lineage = open_segments_.back();
     } else {
       slot->lineage = producer_of(tensor);
     }
-    // Saved while its segment runs: droppable once it has ended (end_segment). An output of a
-    // segment ended already: its bytes are the replay's now.
-    if (slot->lineage && !(saved_by_autograd && !open_segments_.empty())) {
-      slot->lineage_version = detail::version_of(slot->version);
-    }
+    // Its bytes now are those its lineage gives back: an output of a segment ended already; or
+    // one saved while its segment runs (nobody but autograd holds it once it is evictable, so it
+    // cannot change after a drop; changed before one, it waits for the segment's end).
+    if (slot->lineage) slot->lineage_version = detail::version_of(slot->version);
     resident_bytes_ += slot->nbytes;
   }
   entry* e = slot.get();

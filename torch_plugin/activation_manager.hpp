@@ -41,9 +41,9 @@
 // - In-place changes (tensor version counters): a storage is dropped only if its version is the
 //   one its lineage gives back (as at its segment's end, or when it was registered as an
 //   output) and the segment's inputs are as they were when it began; a segment that modifies an
-//   input in place has nothing dropped (its replay would start from other bytes). An input
-//   modified after its segment's storages were dropped makes the replay fail with
-//   std::runtime_error, never refill wrong bytes.
+//   input in place has nothing dropped once that is seen (its replay would start from other
+//   bytes). An input modified after its segment's storages were dropped (later in that segment,
+//   or after it) makes the replay fail with std::runtime_error, never refill wrong bytes.
 // - After each unpack the next `prefetch` spilled storages in backward order (reverse pack order)
 //   start copying back, so that copies overlap compute. The unpacked storage is already held by
 //   the returned alias then, so a prefetch's allocation under pressure cannot evict it; a

@@ -79,7 +79,9 @@ struct activation_manager::segment {
   // takes no lineage from it.
   std::vector<std::pair<std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>>, std::uint32_t>>
       outputs;
-  double cost_s = 0;
+  double cost_s = 0;       // its forward's time, once it has ended
+  double began_s = 0;      // host clock (now_seconds) at begin_segment
+  bool ended = false;
   std::optional<c10::Event> start, end;  // CUDA timing, read once complete
 };
 struct activation_manager::entry {
@@ -92,10 +94,9 @@ struct activation_manager::entry {
   std::optional<c10::Event> copy;        // CUDA: the copy the next user waits for
   std::shared_ptr<segment> lineage;      // the checkpoint segment that made it
   // The version counter of the tensor first registered (its views share it), and its value when
-  // the lineage's bytes were the storage's: the end of the segment that saved it (unset while it
-  // runs, and for a segment not replayable), or when a segment's output was registered. Dropped
-  // only while the two agree (droppable): a storage modified in place since is not what a replay
-  // gives back.
+  // the lineage's bytes were the storage's: when it was saved or registered as an output, then
+  // the end of the segment that saved it (unset for a segment not replayable). Dropped only while
+  // the two agree (droppable): a storage modified in place since is not what a replay gives back.
   c10::VariableVersion version;
   std::optional<std::uint32_t> lineage_version;
   std::uint64_t seq = 0;

@@ -282,7 +282,9 @@ double activation_manager::segment_cost(segment& s, int depth) {
     s.start.reset();
     s.end.reset();
   }
-  double cost = s.cost_s;
+  // Still running (a storage evicted during its forward): the time it has run so far, a lower
+  // bound, rather than nothing, which would make every drop look free.
+  double cost = s.ended ? s.cost_s : detail::now_seconds() - s.began_s;
   if (depth <= 0) return cost;
   for (const segment_input& in : s.inputs) {
     if (in.held && in.held->entry_->state == entry_state::dropped) {
@@ -299,6 +301,7 @@ void activation_manager::begin_segment(segment_replay replay,
                                        const std::vector<at::Tensor>& inputs) {
   std::lock_guard lock(mutex_);
   auto s = std::make_shared<segment>();
+  s->began_s = detail::now_seconds();
   // Held before the segment opens: none takes it as lineage (see hold).
   for (const at::Tensor& t : inputs) {
     segment_input in;
@@ -331,16 +334,19 @@ void activation_manager::end_segment(double host_seconds, const std::vector<at::
     s->end->record(c10::cuda::getCurrentCUDAStream(s->cuda_devices.front()).unwrap());
   }
   s->replayable = inputs_unchanged(*s);
-  // Its saved storages' bytes are, from now on, what its replay gives back (if it can replay).
+  // Its saved storages' bytes are, from now on, what its replay gives back; none, if it cannot
+  // replay (one dropped already makes its replay fail clearly: see recompute).
   for (const auto& weak : s->saved) {
-    if (!weak || !s->replayable) continue;
+    if (!weak) continue;
     if (c10::intrusive_ptr<c10::StorageImpl> storage = weak->lock()) {
       auto it = entries_.find(storage.get());
       if (it != entries_.end() && it->second->lineage == s) {
-        it->second->lineage_version = detail::version_of(it->second->version);
+        it->second->lineage_version =
+            s->replayable ? detail::version_of(it->second->version) : std::nullopt;
       }
     }
   }
+  s->ended = true;
   for (const at::Tensor& t : outputs) {
     const std::optional<std::uint32_t> version =
         t.defined() ? detail::version_of(t.unsafeGetTensorImpl()->version_counter()) : std::nullopt;
