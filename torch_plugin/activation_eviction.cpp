@@ -10,6 +10,18 @@ namespace spillway::torch_plugin {
 
 using detail::now_seconds;
 
+namespace {
+// The index in [0, n) that `better(a, b)` prefers to every other; n > 0.
+template <typename Better>
+std::size_t best_of(std::size_t n, Better better) {
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < n; ++i) {
+    if (better(i, best)) best = i;
+  }
+  return best;
+}
+}  // namespace
+
 bool activation_manager::evictable(const entry& e) const {
   // The entry holds one reference, each alias one: anything more is a user of the storage.
   return e.state == entry_state::resident && e.pins == 0 && !e.copy &&
@@ -73,16 +85,10 @@ std::pair<std::size_t, std::size_t> activation_manager::evict(std::size_t wanted
   std::size_t freed = 0;
   const double now = now_seconds();
   while (freed < wanted && !candidates.empty()) {
-    // The best by the policy, once per candidate.
-    std::size_t best = 0;
-    double best_score = score(*candidates[0], now);
-    for (std::size_t i = 1; i < candidates.size(); ++i) {
-      const double s = score(*candidates[i], now);
-      if (s < best_score) {
-        best = i;
-        best_score = s;
-      }
-    }
+    std::vector<double> scores(candidates.size());  // the policy's, once per candidate
+    for (std::size_t i = 0; i < candidates.size(); ++i) scores[i] = score(*candidates[i], now);
+    const std::size_t best =
+        best_of(candidates.size(), [&](std::size_t a, std::size_t b) { return scores[a] < scores[b]; });
     entry& victim = *candidates[best];
     candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(best));
     // Checked again: an eviction's own allocations (a spill's host copy on the CPU) may run the
@@ -139,15 +145,11 @@ std::pair<std::size_t, std::size_t> activation_manager::evict_for(const pressure
       w[i].bucket = request.bytes > 0 ? std::min<std::size_t>(range * 16 / request.bytes, 16) : 0;
       w[i].score = score(*candidates[i], now);
     }
-    const auto better = [&](std::size_t a, std::size_t b) {  // a is a better victim than b
+    const std::size_t best = best_of(candidates.size(), [&](std::size_t a, std::size_t b) {
       if (w[a].serves != w[b].serves) return w[a].serves;
       if (!w[a].serves && w[a].bucket != w[b].bucket) return w[a].bucket > w[b].bucket;
       return w[a].score < w[b].score;
-    };
-    std::size_t best = 0;
-    for (std::size_t i = 1; i < candidates.size(); ++i) {
-      if (better(i, best)) best = i;
-    }
+    });
     entry& victim = *candidates[best];
     const weighed chosen = w[best];
     candidates.erase(candidates.begin() + static_cast<std::ptrdiff_t>(best));

@@ -172,8 +172,7 @@ std::shared_ptr<activation_manager::segment> activation_manager::producer_of(con
   if (!last || !last->replayable) return nullptr;
   for (const auto& [weak, version] : last->outputs) {
     if (weak && weak->lock().get() == tensor.storage().unsafeGetStorageImpl()) {
-      return detail::version_of(tensor.unsafeGetTensorImpl()->version_counter()) == version ? last
-                                                                                            : nullptr;
+      return detail::version_of(tensor) == version ? last : nullptr;
     }
   }
   return nullptr;

@@ -29,6 +29,9 @@ inline std::optional<std::uint32_t> version_of(const c10::VariableVersion& count
   if (!counter.enabled()) return std::nullopt;
   return counter.current_version();
 }
+inline std::optional<std::uint32_t> version_of(const at::Tensor& t) {
+  return t.defined() ? version_of(t.unsafeGetTensorImpl()->version_counter()) : std::nullopt;
+}
 
 inline double now_seconds() {
   using clock = std::chrono::steady_clock;
@@ -69,7 +72,6 @@ struct activation_manager::segment {
   // False once it is seen (end_segment) to have modified an input in place: a replay would start
   // from the modified bytes, so nothing of it may be dropped.
   bool replayable = true;
-  bool replaying = false;
   // Every pack while it ran, in order (nullopt: kept as it is). Weak references: they do not keep
   // a storage's memory, but they keep its StorageImpl's address from being reused by another
   // storage, whose entry a replay would otherwise take for this segment's and refill.

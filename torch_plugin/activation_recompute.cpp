@@ -129,28 +129,18 @@ std::vector<at::Tensor> activation_manager::resident_inputs(segment& s) {
 }
 
 void activation_manager::recompute(segment& s, bool nested) {
-  if (s.replaying) {
-    throw std::runtime_error("spillway: a checkpoint segment's lineage is cyclic: its replay "
-                             "needs its own output");
-  }
+  // Bounds any recursion through resident_inputs (a cyclic lineage, could there be one, too).
   if (replay_depth_ >= max_replay_depth) {
     throw std::runtime_error("spillway: recomputing a checkpoint segment needs replays nested " +
                              std::to_string(replay_depth_ + 1) + " deep, over the limit of " +
                              std::to_string(max_replay_depth) +
                              " (its inputs were evicted again and again while it was restored)");
   }
-  struct replaying_guard {
-    segment& s;
+  struct depth_guard {
     int& depth;
-    replaying_guard(segment& seg, int& d) : s(seg), depth(d) {
-      s.replaying = true;
-      ++depth;
-    }
-    ~replaying_guard() {
-      s.replaying = false;
-      --depth;
-    }
-  } replaying{s, replay_depth_};
+    explicit depth_guard(int& d) : depth(d) { ++depth; }
+    ~depth_guard() { --depth; }
+  } nesting{replay_depth_};
   std::vector<at::Tensor> inputs = resident_inputs(s);
   if (!inputs_unchanged(s)) {  // after its storages were dropped (droppable checks it before)
     throw std::runtime_error("spillway: a checkpoint segment's input was modified in place after "
@@ -266,7 +256,7 @@ void activation_manager::recompute(segment& s, bool nested) {
 bool activation_manager::inputs_unchanged(const segment& s) const {
   for (const segment_input& in : s.inputs) {
     const at::Tensor& t = in.held ? in.held->alias_ : in.kept;  // the alias shares the counter
-    if (t.defined() && detail::version_of(t.unsafeGetTensorImpl()->version_counter()) != in.version) {
+    if (t.defined() && detail::version_of(t) != in.version) {
       return false;
     }
   }
@@ -302,12 +292,12 @@ void activation_manager::begin_segment(segment_replay replay,
   std::lock_guard lock(mutex_);
   auto s = std::make_shared<segment>();
   s->began_s = detail::now_seconds();
-  // Held before the segment opens: none takes it as lineage (see hold).
+  // Held before the segment opens, so none takes this segment as lineage (see hold).
   for (const at::Tensor& t : inputs) {
     segment_input in;
     in.held = hold(t, /*saved_by_autograd=*/false);
     if (!in.held) in.kept = t;
-    if (t.defined()) in.version = detail::version_of(t.unsafeGetTensorImpl()->version_counter());
+    in.version = detail::version_of(t);
     s->inputs.push_back(std::move(in));
   }
   s->replay = std::move(replay);
@@ -348,8 +338,7 @@ void activation_manager::end_segment(double host_seconds, const std::vector<at::
   }
   s->ended = true;
   for (const at::Tensor& t : outputs) {
-    const std::optional<std::uint32_t> version =
-        t.defined() ? detail::version_of(t.unsafeGetTensorImpl()->version_counter()) : std::nullopt;
+    const std::optional<std::uint32_t> version = detail::version_of(t);
     if (version && t.has_storage()) {
       s->outputs.emplace_back(t.storage().getWeakStorageImpl(), *version);
     } else {
