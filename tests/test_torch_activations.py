@@ -115,6 +115,23 @@ class CheckpointRecompute(unittest.TestCase):
         # replay would double y again) may be dropped: in drop mode nothing is evicted.
         self.assertEqual(run.stats["drops"], 0)
 
+    def test_a_segment_under_inference_mode_is_closed(self):
+        # Its output has no version counter. end_segment threw on it and left the segment open:
+        # a later save outside any segment took it for lineage, was dropped, and was "refilled"
+        # from its replay with other bytes of the same size (wrong gradients).
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(256, 256)
+        x = torch.randn(256, 256)
+        x2 = torch.randn(256, 256, requires_grad=True)
+        with spillway.activations(mode="drop", min_bytes=1024) as acts:
+            with torch.inference_mode():
+                spillway.checkpoint(lin, x)
+            loss = (x2 * 2).exp().sum()  # exp saves its output, outside any segment
+        acts.evict(1 << 40)
+        self.assertEqual(acts.stats()["drops"], 0)  # nothing has a segment to recompute it
+        loss.backward()
+        self.assertTrue(torch.equal(x2.grad, (x2.detach() * 2).exp() * 2))
+
     def test_an_input_modified_after_its_segment_was_dropped_fails_clearly(self):
         torch.manual_seed(0)
         block = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU())
