@@ -16,6 +16,7 @@
 
 #include <cstring>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -131,6 +132,129 @@ TEST_CASE("a segment's input is evictable once the program lets go of it") {
   CHECK(s.recomputes == 2);
   CHECK(s.nested_recomputes == 1);
   CHECK(s.registered == 0);
+}
+
+TEST_CASE("every dropped input of a segment is restored before it, in a loop, not by nesting") {
+  // A ladder: S_i(z_i, prev), with z_i the output of a segment Z_i that ended just before, and
+  // prev, S_(i-1)'s output, registered first by an op outside any segment (so it has S_(i-1) as
+  // lineage). Replaying S_n needs both inputs, and so on down to S_0. Following only each
+  // segment's first dropped input (as make_resident did) restored every prev from inside the
+  // replay that needed it: 70 rungs nested 70 deep, over the limit of 64.
+  enable_libtorch_hooks();
+  const auto make_z = [](const std::vector<at::Tensor>& in) { return in[0].sin(); };
+  const auto combine = [](const std::vector<at::Tensor>& in) { return (in[0] + in[1]).cos(); };
+  const at::Tensor w0 = at::randn({1024});
+  constexpr int rungs = 70;
+  const auto run = [&](const std::shared_ptr<activation_manager>& manager) {
+    at::Tensor w = w0.clone().requires_grad_();
+    at::Tensor loss;
+    {
+      std::optional<activation_scope> scope;
+      if (manager) scope.emplace(manager);
+      const auto segment = [&](const segment_function& fn, const std::vector<at::Tensor>& in) {
+        return manager ? checkpoint(fn, in) : fn(in);
+      };
+      at::Tensor prev = w * 3, side = at::zeros({1024});
+      for (int i = 0; i < rungs; ++i) {
+        const at::Tensor z = segment(make_z, {w + i});
+        prev = segment(combine, {z, prev});
+        side = side + prev.square();  // saves prev outside a segment: its lineage is S_i
+      }
+      loss = prev.sum() + side.sum();
+    }
+    // Drop mode keeps what has no lineage (w * 3, each w + i) and drops everything else.
+    if (manager) REQUIRE(manager->evict(std::size_t{1} << 30).first > 0);
+    loss.backward();
+    return w.grad();
+  };
+  const at::Tensor reference = run(nullptr);
+  auto manager = activation_manager::make(drop_when_asked());
+  CHECK(at::equal(run(manager), reference));
+  const activation_stats s = manager->stats();
+  CHECK(s.recomputes == 2 * rungs);             // each segment once
+  CHECK(s.nested_recomputes == 2 * rungs - 1);  // all but S_69, for another's inputs
+  CHECK(s.registered == 0);
+}
+
+TEST_CASE("a dense block (each segment reads every earlier one) is restored bit-identically") {
+  // Segment k reads the outputs of segments 0..k-1, each registered by an op outside any
+  // segment right after its own segment (so each has lineage), and every one is dropped as soon
+  // as it can be (max_resident 0). The walk replays each needed segment once, however many
+  // readers it has; DTR's cost of a drop counts each needed segment once too. It counted every
+  // path, up to 8 back: with 40 layers this test ran for over two minutes before it was killed
+  // (the 2-core machine, 2026-11-27); now it takes about a second.
+  enable_libtorch_hooks();
+  constexpr int layers = 40;
+  const auto layer = [](const std::vector<at::Tensor>& in) {
+    at::Tensor sum = in[0];
+    for (std::size_t j = 1; j < in.size(); ++j) sum = sum + in[j];
+    return (sum / static_cast<double>(in.size())).sin();
+  };
+  const at::Tensor w0 = at::randn({1024});
+  const auto run = [&](const std::shared_ptr<activation_manager>& manager) {
+    at::Tensor w = w0.clone().requires_grad_();
+    at::Tensor loss;
+    {
+      std::optional<activation_scope> scope;
+      if (manager) scope.emplace(manager);
+      std::vector<at::Tensor> features{w * 3};
+      at::Tensor side = at::zeros({1024});
+      for (int k = 0; k < layers; ++k) {
+        features.push_back(manager ? checkpoint(layer, features) : layer(features));
+        side = side + features.back().square();  // registers it: its lineage is segment k
+      }
+      loss = features.back().sum() + side.sum();
+    }
+    loss.backward();
+    return w.grad();
+  };
+  const at::Tensor reference = run(nullptr);
+  auto manager = activation_manager::make(evict_all(activation_mode::drop));
+  CHECK(at::equal(run(manager), reference));
+  CHECK(manager->stats().drops > 0);
+  CHECK(manager->stats().recomputes > 0);
+  CHECK(manager->stats().registered == 0);
+}
+
+TEST_CASE("replays nested more than 64 deep fail clearly, and leave nothing pinned") {
+  // Each segment's replay reads a storage of the one before that is not its input (the API
+  // allows it; spillway's bindings pass what a segment reads as inputs): the walk over inputs
+  // cannot see it, so every replay restores the one before from inside itself.
+  auto manager = activation_manager::make(drop_when_asked());
+  activation_manager* m = manager.get();  // raw: a segment holding the manager would keep it
+  constexpr int segments = 70;
+  constexpr std::int64_t n = 256;
+  std::vector<std::shared_ptr<activation_manager::saved>> handles;
+  handles.reserve(segments);
+  const auto* before = &handles;  // the replays read it: raw, no handle held by a segment
+  for (int i = 0; i < segments; ++i) {
+    manager->begin_segment([m, before, i](const std::vector<at::Tensor>&) {
+      if (i > 0) {
+        const at::Tensor previous = m->unpack(*(*before)[i - 1]);
+        REQUIRE(at::equal(previous, at::full({n}, float(i - 1))));
+      }
+      return segment_run{{at::full({n}, float(i))}, {}};
+    }, {}, {});
+    handles.push_back(manager->pack(at::full({n}, float(i))));
+    manager->end_segment(1e-3);
+  }
+  REQUIRE(manager->evict(std::size_t{1} << 30).first == segments * n * sizeof(float));
+
+  std::string message;
+  try {
+    manager->unpack(*handles.back());
+  } catch (const std::runtime_error& e) {
+    message = e.what();
+  }
+  CHECK(message.find("replays nested 65 deep, over the limit of 64") != std::string::npos);
+  // The unwound levels refilled nothing and let go of every member: all stay dropped, and one
+  // within the limit is recomputed, bit-identically.
+  CHECK(manager->stats().resident_bytes == 0);
+  CHECK(manager->stats().dropped_bytes == segments * n * sizeof(float));
+  CHECK(at::equal(manager->unpack(*handles[9]), at::full({n}, 9.0f)));
+  CHECK(manager->stats().recomputes == 10);
+  handles.clear();
+  CHECK(manager->stats().registered == 0);
 }
 
 TEST_CASE("an output modified in place after its segment is never recomputed from it") {

@@ -33,8 +33,9 @@
 //   segment: its replay returns it again, so it can be dropped; any other new input has none, and
 //   can only be spilled. A replay first makes its inputs resident: a
 //   spilled one is copied back, a dropped one (the output of an earlier segment) is recomputed by
-//   that segment first. A chain of such segments is restored oldest first, in a loop rather than
-//   by recursion; should an input be evicted again before its replay takes it, it is recomputed
+//   that segment first. Every segment needed that way, through any input and those segments'
+//   inputs in turn, is found first and replayed producers first, in a loop rather than by
+//   recursion; should an input be evicted again before its replay takes it, it is recomputed
 //   from inside that replay, and a replay nested more than 64 deep fails with std::runtime_error
 //   (stats: nested_recomputes). DTR's cost of dropping a storage is its segment's forward time
 //   plus that of the earlier segments its replay would have to run first.
@@ -216,7 +217,8 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   void copy_in(entry& e);
   void make_resident(entry& e);
   void recompute(segment& s, bool nested);
-  double segment_cost(segment& s, int depth);
+  double segment_cost(segment& s, int depth);  // with the dropped segments it needs first
+  double measured_cost(segment& s);            // its forward's time (so far, if it runs)
   std::vector<at::Tensor> resident_inputs(segment& s);
   void prefetch_before(std::uint64_t seq);
   void note_saved(entry* e);

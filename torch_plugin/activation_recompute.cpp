@@ -82,35 +82,47 @@ constexpr int max_replay_depth = 64;
 }  // namespace
 
 // Made resident again: copied back if spilled; if dropped, recomputed by its segment, after the
-// earlier segments whose outputs that segment's replay needs and which were dropped too. That
-// chain is found first and replayed oldest first, in a loop: a long chain of dropped
-// checkpoints is no deep recursion.
+// earlier segments whose outputs that segment's replay needs and which were dropped too, and
+// theirs in turn. Those segments are found first, by a depth-first walk over every dropped input
+// with a stack of its own, and replayed producers first, in a loop: a long chain of dropped
+// checkpoints, or a segment fed by many (skip connections, dense blocks), is no deep recursion.
+// A replay nests another only for an input evicted again after the walk.
 void activation_manager::make_resident(entry& e) {
   if (e.state == entry_state::spilled) {
     copy_in(e);
     return;
   }
   if (e.state != entry_state::dropped) return;
-  std::vector<segment*> chain{e.lineage.get()};
-  for (;;) {
-    segment* earlier = nullptr;
-    for (const segment_input& in : chain.back()->inputs) {
-      if (in.held && in.held->entry_->state == entry_state::dropped) {
-        earlier = in.held->entry_->lineage.get();
-        break;
-      }
+  // The segment whose dropped input `in` is, if it is one.
+  const auto dropped_producer = [](const segment_input& in) -> segment* {
+    const bool dropped = in.held && in.held->entry_->state == entry_state::dropped;
+    return dropped ? in.held->entry_->lineage.get() : nullptr;
+  };
+  std::vector<segment*> order;                 // producers before the segments that read them
+  std::unordered_set<const segment*> visiting, done;
+  std::vector<std::pair<segment*, std::size_t>> walk{{e.lineage.get(), 0}};  // (segment, next input)
+  visiting.insert(e.lineage.get());
+  while (!walk.empty()) {
+    auto& [s, next] = walk.back();
+    if (next == s->inputs.size()) {
+      order.push_back(s);
+      visiting.erase(s);
+      done.insert(s);
+      walk.pop_back();
+      continue;
     }
-    if (earlier == nullptr) break;
+    segment* producer = dropped_producer(s->inputs[next++]);
+    if (producer == nullptr || done.count(producer) != 0) continue;
     // Lineage runs back in time (an input is held before its segment begins, and a new entry's
     // lineage is a segment open already), so this cannot happen; were it to, it is an error,
     // not a hang.
-    if (std::find(chain.begin(), chain.end(), earlier) != chain.end()) {
+    if (!visiting.insert(producer).second) {
       throw std::runtime_error("spillway: a checkpoint segment's lineage is cyclic: its replay "
                                "needs its own output");
     }
-    chain.push_back(earlier);
+    walk.emplace_back(producer, 0);
   }
-  for (std::size_t i = chain.size(); i-- > 0;) recompute(*chain[i], i > 0 || replay_depth_ > 0);
+  for (segment* s : order) recompute(*s, s != e.lineage.get() || replay_depth_ > 0);
   if (e.state != entry_state::resident) {
     throw std::runtime_error("spillway: recomputing a checkpoint segment did not restore an "
                              "activation of " + std::to_string(e.nbytes) +
@@ -134,7 +146,9 @@ void activation_manager::recompute(segment& s, bool nested) {
     throw std::runtime_error("spillway: recomputing a checkpoint segment needs replays nested " +
                              std::to_string(replay_depth_ + 1) + " deep, over the limit of " +
                              std::to_string(max_replay_depth) +
-                             " (its inputs were evicted again and again while it was restored)");
+                             " (its inputs were evicted again and again while they were "
+                             "restored, or its replay reads dropped storages of other segments "
+                             "that are not its inputs)");
   }
   struct depth_guard {
     int& depth;
@@ -267,6 +281,28 @@ bool activation_manager::inputs_unchanged(const segment& s) const {
 // event has completed; the host's before) plus the segments that would have to be replayed first
 // for its dropped inputs, `depth` of them back at most.
 double activation_manager::segment_cost(segment& s, int depth) {
+  // The segment, and each distinct dropped segment its replay needs first (make_resident replays
+  // each once), up to `depth` inputs back: a set, not a tree, so that a segment fed by many
+  // dropped ones (a dense block) costs a sum, not a number of paths that grows as a power.
+  std::vector<std::pair<segment*, int>> frontier{{&s, 0}};
+  std::unordered_set<const segment*> seen{&s};
+  double cost = 0;
+  while (!frontier.empty()) {
+    auto [t, level] = frontier.back();
+    frontier.pop_back();
+    cost += measured_cost(*t);
+    if (level == depth) continue;
+    for (const segment_input& in : t->inputs) {
+      if (in.held && in.held->entry_->state == entry_state::dropped) {
+        segment* producer = in.held->entry_->lineage.get();
+        if (seen.insert(producer).second) frontier.emplace_back(producer, level + 1);
+      }
+    }
+  }
+  return cost;
+}
+
+double activation_manager::measured_cost(segment& s) {
   if (s.end && s.end->query()) {
     s.cost_s = s.start->elapsedTime(*s.end) / 1e3;
     s.start.reset();
@@ -274,14 +310,7 @@ double activation_manager::segment_cost(segment& s, int depth) {
   }
   // Still running (a storage evicted during its forward): the time it has run so far, a lower
   // bound, rather than nothing, which would make every drop look free.
-  double cost = s.ended ? s.cost_s : detail::now_seconds() - s.began_s;
-  if (depth <= 0) return cost;
-  for (const segment_input& in : s.inputs) {
-    if (in.held && in.held->entry_->state == entry_state::dropped) {
-      cost += segment_cost(*in.held->entry_->lineage, depth - 1);
-    }
-  }
-  return cost;
+  return s.ended ? s.cost_s : detail::now_seconds() - s.began_s;
 }
 
 // --- segments ---------------------------------------------------------------------------------------

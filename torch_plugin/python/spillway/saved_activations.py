@@ -28,7 +28,8 @@ Contract
 - A segment's tensor inputs are held by the manager, not by the replay: a checkpoint boundary is
   evictable once the program lets go of it. Its outputs give a boundary the segment as lineage
   (when not modified in place since), so a boundary can be dropped; a replay restores its inputs
-  first, replaying the segments before it (oldest first) when they were dropped too.
+  first, replaying the segments before it (producers first, through every input) when they were
+  dropped too.
 - After each unpack, the next `prefetch` spilled storages in backward order (reverse pack order)
   start copying back, so that copies overlap compute.
 - Parameters (leaves that require grad) are saved as they are: they are not activations.
