@@ -50,8 +50,8 @@ Contract
   torch.profiler) and its device<->pinned copies give the bandwidth the spills achieve and the
   fraction of copy time overlapped by kernels; spillway.stats() gives the bytes per step.
 - --smoke: a small MLP on CPU (no torchvision or transformers, batch 1024), about a minute on two
-  cores, at --smoke-ratio (default 70%) of the peak. spillway's configurations run as on a GPU, under an allocator budget:
-  spillway's simulated device serves the CPU tensors (spillway.install(backend="sim",
+  cores, at --smoke-ratio (default 70%) of the peak. spillway's configurations run as on a GPU,
+  under an allocator budget: spillway's simulated device serves the CPU tensors (spillway.install(backend="sim",
   cpu_tensors=True)), the budget is r x the peak reserved bytes of the unconstrained run on it, and
   every allocation over it runs the activation manager's pressure handler; their peak_reserved,
   peak_allocated, budget_bytes and pressure_calls are the simulated device's. The PyTorch
@@ -59,9 +59,9 @@ Contract
   max_resident_bytes = r x the saved-activation bytes recorded for reference (no budget binds
   them; their GPU-only fields are null); native-at-a-budget and compile-budget are recorded as
   skipped. It checks that every configuration ran, that each spillway mode evicted through the
-  allocator's pressure and stayed within its budget, that every loss is bit-identical to the
-  unconstrained run's, and the search and trace-analysis helpers; exit 1 if not. A harness check,
-  not a measurement: CPU step times say nothing about a GPU's.
+  allocator's pressure and stayed within its budget, and that every loss is bit-identical to the
+  unconstrained run's (train_bench_smoke.py); exit 1 if not. A harness check, not a
+  measurement: CPU step times say nothing about a GPU's.
 - Output: one JSON line per configuration on stdout as it finishes; --json FILE gets the whole
   document (metadata, results, summary), rewritten after every configuration so a cut-off run
   leaves a valid file; --resume reuses the results already in that file (ok, oom and error ones;
@@ -85,6 +85,9 @@ imported from beside it in the child as in the parent)
                          make_optimizer, wrap_blocks
 - train_bench_worker.py  one configuration in a subprocess: install_for, the training steps, the
                          timeline, the --spill-bandwidth workers, the result line (RESULT_MARK)
+- train_bench_smoke.py   what --smoke checks in its results (check_smoke)
+The pure helpers (largest_fitting, analyze_copy_trace, check_args) are unit-tested by
+tests/test_train_bench_helpers.py.
 """
 
 import json
@@ -107,9 +110,9 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 from train_bench_args import ArgError, build_parser, check_args  # noqa: E402
-from train_bench_models import CPU_CONFIGS, MODELS, SPILLWAY_MODES  # noqa: E402
-from train_bench_worker import (RESULT_MARK, _base, analyze_copy_trace, probe_device,  # noqa: E402
-                                worker_main)
+from train_bench_models import CPU_CONFIGS, MODELS  # noqa: E402
+from train_bench_smoke import check_smoke  # noqa: E402
+from train_bench_worker import RESULT_MARK, _base, probe_device, worker_main  # noqa: E402
 
 
 # ================================================================================================
@@ -510,7 +513,6 @@ def smoke(a):
     a.models, a.configs, a.budgets = ["mlp"], ["native", "compile-budget"] + list(CPU_CONFIGS), [a.smoke_ratio]
     a.steps, a.warmup, a.timeout = 2, 1, 120  # --timeline is kept: it exercises the timeline path
     a.batches = {"mlp": 1024}
-    failures = check_helpers()
     meta = probe_device()  # in this process: on CPU the parent may import torch
     if not meta.get("spillway"):
         print(f"train_bench smoke: FAILED: the spillway package is not importable "
@@ -522,7 +524,7 @@ def smoke(a):
         budget_suite(a, meta, doc, "cpu", smoke=True)
         with open(path) as f:
             results = json.load(f)["results"]
-    failures += check_smoke(results)
+    failures = check_smoke(results)
     elapsed = time.perf_counter() - t0
     ran = sum(1 for r in results if r["status"] != "skipped")
     for f in failures:
@@ -531,78 +533,6 @@ def smoke(a):
     print(f"train_bench smoke: {verdict}: {ran} configurations run in subprocesses, "
           f"{len(results) - ran} skipped, {elapsed:.1f} s", file=sys.stderr)
     return 1 if failures else 0
-
-
-def check_smoke(results):
-    failures = []
-    ref = next((r for r in results if r["ratio"] is None), None)
-    if ref is None or ref["status"] != "ok" or not ref.get("saved_activation_bytes"):
-        return [f"the unconstrained run failed: {ref and ref.get('error')}"]
-    for r in results:
-        name = f"{r['config']} at {r['ratio']}"
-        if r["status"] == "skipped":
-            if r["config"] not in ("native", "spillway-alloc", "compile-budget"):
-                failures.append(f"{name} was skipped: {r['error']}")
-            continue
-        if r["status"] != "ok":
-            failures.append(f"{name}: {r['status']}: {r.get('error')} {r.get('stderr_tail', '')[-400:]}")
-            continue
-        if r["losses"] != ref["losses"]:
-            failures.append(f"{name}: losses {r['losses']} differ from the unconstrained run's {ref['losses']}")
-        mode = SPILLWAY_MODES.get(r["config"])
-        if mode and r["ratio"] is not None:
-            # On the simulated device, under its budget: the allocator's pressure evicted.
-            if not r.get("budget_bytes") or not r.get("peak_reserved"):
-                failures.append(f"{name}: no budget or peak on the simulated device: "
-                                f"{r.get('budget_bytes')}, {r.get('peak_reserved')}")
-            elif r["peak_reserved"] > r["budget_bytes"]:
-                failures.append(f"{name}: peak reserved {r['peak_reserved']} over the budget "
-                                f"{r['budget_bytes']}")
-            want = {"spill": ("spills",), "drop": ("drops", "recomputes"), "hybrid": ("evictions",)}[mode]
-            for k in want + ("pressure_calls",):
-                if not r.get(k):
-                    failures.append(f"{name}: expected {k} > 0 under the budget, got {r.get(k)}")
-        elif r["ratio"] is not None:
-            for field in ("peak_reserved", "peak_allocated", "budget_bytes"):
-                if r.get(field) is not None:
-                    failures.append(f"{name}: GPU-only field {field} is {r[field]} on CPU, not null")
-    if not ref.get("peak_reserved"):
-        failures.append("the unconstrained run measured no peak on the simulated device")
-    return failures
-
-
-def check_helpers():
-    """The pure parts the GPU modes rely on, checked on synthetic inputs."""
-    failures = []
-    for limit_fit in (1, 5, 37, 100, 4096):
-        best, probes = largest_fitting(lambda b, n=limit_fit: b <= n, 8, 4096, 0.0)
-        if best != limit_fit:
-            failures.append(f"largest_fitting: got {best} for a limit of {limit_fit} ({probes})")
-    best, _ = largest_fitting(lambda b: False, 8, 4096, 0.0)
-    if best != 0:
-        failures.append(f"largest_fitting: got {best} when nothing fits")
-    events = [{"ph": "X", "cat": "kernel", "ts": 0, "dur": 100},
-              {"ph": "X", "cat": "kernel", "ts": 150, "dur": 100},
-              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 50, "dur": 200,
-               "args": {"bytes": 1 << 20}},
-              {"ph": "X", "cat": "Memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": 300, "dur": 10,
-               "args": {"bytes": 1 << 20}},
-              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 0, "dur": 5,
-               "args": {"bytes": 4}}]
-    got = analyze_copy_trace(events)
-    d2h, h2d = got.get("d2h", {}), got.get("h2d", {})
-    if d2h.get("copies") != 1 or d2h.get("overlap_fraction") != 0.75 or h2d.get("overlap_fraction") != 0.0 \
-            or abs(d2h.get("gbps", 0) - (1 << 20) / 200e-6 / 1e9) > 1e-3:
-        failures.append(f"analyze_copy_trace: unexpected {got}")
-    # A bad --smoke-ratio is refused with its value named (main turns ArgError into exit 2).
-    for bad in ("0", "1.5"):
-        try:
-            check_args(build_parser().parse_args(["--smoke", "--smoke-ratio", bad]))
-            failures.append(f"--smoke-ratio {bad} was accepted")
-        except ArgError as e:
-            if f"--smoke-ratio {float(bad)} is invalid" not in str(e):
-                failures.append(f"--smoke-ratio {bad}: unexpected message {e}")
-    return failures
 
 
 # ================================================================================================
