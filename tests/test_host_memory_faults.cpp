@@ -30,8 +30,8 @@
 // promise is tested apart: an enqueue that fails for host memory leaves its stream as it was, so
 // the work queued before it still runs and nothing waits forever.
 //
-// The failures come from this executable's replacement of the global operator new, armed on the
-// test's thread only.
+// The failures come from this executable's replacement of the global operator new
+// (host_fault_injection.hpp), armed on the test's thread only.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -43,83 +43,12 @@
 
 #include "engine_fixture.hpp"
 #include "forwarding_backend.hpp"
-
-namespace {
-
-// --- the replaced global allocation functions ----------------------------------------------
-
-// < 0: disarmed. Otherwise the number of allocations on this thread that still succeed.
-thread_local long t_countdown = -1;
-thread_local bool t_persistent = false;  // keep failing once the countdown ran out
-thread_local long t_failures = 0;        // failures injected since the last arm()
-
-void* allocate_or_throw(std::size_t bytes, std::size_t alignment) {
-  if (t_countdown >= 0) {
-    if (t_countdown == 0) {
-      ++t_failures;
-      if (!t_persistent) t_countdown = -1;
-      throw std::bad_alloc();
-    }
-    --t_countdown;
-  }
-  if (bytes == 0) bytes = 1;
-  void* p = alignment <= alignof(std::max_align_t)
-                ? std::malloc(bytes)
-                : std::aligned_alloc(alignment, (bytes + alignment - 1) / alignment * alignment);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-
-}  // namespace
-
-void* operator new(std::size_t n) { return allocate_or_throw(n, 0); }
-void* operator new[](std::size_t n) { return allocate_or_throw(n, 0); }
-void* operator new(std::size_t n, std::align_val_t a) {
-  return allocate_or_throw(n, static_cast<std::size_t>(a));
-}
-void* operator new[](std::size_t n, std::align_val_t a) {
-  return allocate_or_throw(n, static_cast<std::size_t>(a));
-}
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return allocate_or_throw(n, 0);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
-  try {
-    return allocate_or_throw(n, 0);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+#include "host_fault_injection.hpp"
 
 using namespace spillway;
 using namespace spillway::test;
 
 namespace {
-
-// Arms the failure for the life of the scope, on this thread.
-class host_fault_scope {
- public:
-  host_fault_scope(long after, bool persistent) noexcept {
-    t_failures = 0;
-    t_persistent = persistent;
-    t_countdown = after;
-  }
-  ~host_fault_scope() { t_countdown = -1; }
-  host_fault_scope(const host_fault_scope&) = delete;
-  host_fault_scope& operator=(const host_fault_scope&) = delete;
-};
 
 // The simulated device stands for the CUDA runtime: its own failures are the device and copy
 // faults it injects (test_fault_injection), so host allocations inside it never fail here (kernel

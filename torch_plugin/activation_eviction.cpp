@@ -178,9 +178,18 @@ std::size_t activation_manager::evict_one(entry& e) {
     ++counters_.drops;
     counters_.bytes_dropped += e.nbytes;
   } else {
-    copy_out(e, std::move(host));
+    // What may throw (host memory for the map's node and the copy) comes first: if it does, the
+    // entry is resident as it was (Note [Host out of memory]).
+    const auto slot = spilled_.try_emplace(e.seq, &e).first;
+    try {
+      copy_out(e, std::move(host));
+    } catch (...) {
+      spilled_.erase(slot);
+      e.host.reset();
+      e.copy.reset();
+      throw;
+    }
     e.state = entry_state::spilled;
-    spilled_[e.seq] = &e;
     spilled_bytes_ += e.nbytes;
     ++counters_.spills;
     counters_.bytes_spilled += e.nbytes;

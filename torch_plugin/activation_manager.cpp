@@ -151,7 +151,8 @@ void activation_manager::forget(entry& e) {
 
 void activation_manager::note_saved(entry* e) {
   // Every open segment lists everything saved while it ran (nested segments included): a replay
-  // saves the same tensors in the same order.
+  // saves the same tensors in the same order. Room first: the lists grow all or none.
+  for (auto& s : open_segments_) s->saved.reserve(s->saved.size() + 1);
   for (auto& s : open_segments_) {
     if (e == nullptr) {
       s->saved.emplace_back(std::nullopt);
@@ -206,35 +207,46 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
     if (saved_by_autograd) note_saved(nullptr);
     return nullptr;  // kept as it is
   }
+  // Host memory may run out at each allocation below (Note [Host out of memory]): the entry is
+  // entered whole or not at all, and a handle that cannot be made lets it go again.
   const c10::Storage& storage = tensor.storage();
-  auto& slot = entries_[storage.unsafeGetStorageImpl()];
-  if (!slot) {
-    slot = std::make_unique<entry>();
-    slot->storage = storage;
-    slot->nbytes = storage.nbytes();
-    slot->device = storage.device();
-    slot->seq = next_seq_++;
-    slot->last_use = now_seconds();
-    slot->version = tensor.unsafeGetTensorImpl()->version_counter();
+  entry* e = nullptr;
+  if (auto it = entries_.find(storage.unsafeGetStorageImpl()); it != entries_.end()) {
+    e = it->second.get();
+  } else {
+    auto fresh = std::make_unique<entry>();
+    fresh->storage = storage;
+    fresh->nbytes = storage.nbytes();
+    fresh->device = storage.device();
+    fresh->last_use = now_seconds();
+    fresh->version = tensor.unsafeGetTensorImpl()->version_counter();
     if (saved_by_autograd && !open_segments_.empty()) {
-      slot->lineage = open_segments_.back();
+      fresh->lineage = open_segments_.back();
     } else {
-      slot->lineage = producer_of(tensor);
+      fresh->lineage = producer_of(tensor);
     }
     // Its bytes now are those its lineage gives back: an output of a segment ended already; or
     // one saved while its segment runs (nobody but autograd holds it once it is evictable, so it
     // cannot change after a drop; changed before one, it waits for the segment's end).
-    if (slot->lineage) slot->lineage_version = detail::version_of(slot->version);
-    resident_bytes_ += slot->nbytes;
+    if (fresh->lineage) fresh->lineage_version = detail::version_of(fresh->version);
+    e = entries_.emplace(storage.unsafeGetStorageImpl(), std::move(fresh)).first->second.get();
+    e->seq = next_seq_++;
+    resident_bytes_ += e->nbytes;
   }
-  entry* e = slot.get();
+  std::shared_ptr<saved> handle;
+  ++e->aliases;
+  try {
+    handle = std::make_shared<saved>(shared_from_this(), e, tensor.detach());
+  } catch (...) {
+    if (--e->aliases == 0) forget(*e);
+    throw;
+  }
+  // From here the handle owns the alias: should anything below throw, it lets the entry go.
   e->orphaned = false;  // saved again while a recomputation used it: it has a handle once more
   if (saved_by_autograd) {
     note_saved(e);
     ++counters_.packed;
   }
-  ++e->aliases;
-  auto handle = std::make_shared<saved>(shared_from_this(), e, tensor.detach());
   settle_last_ended();
   enforce_max_resident();
   return handle;

@@ -59,7 +59,10 @@
 // - Host memory: a spill that would take spilled copies over max_spilled bytes, or whose host
 //   buffer cannot be allocated (pinned memory exhausted), is not made, and nothing is lost: the
 //   storage is dropped instead when its segment can recompute it (modes hybrid and drop), else it
-//   stays resident and the next victim is tried (stats: spill_fallbacks).
+//   stays resident and the next victim is tried (stats: spill_fallbacks). A call that runs out
+//   of host memory otherwise (std::bad_alloc, from the manager or LibTorch under it) throws and
+//   leaves every entry as it was or as it would have been: none half-made, none lost, its byte
+//   counts exact (Note [Host out of memory]; tests/test_libtorch_host_faults.cpp).
 // - Victims: dtr (smallest restore cost / (bytes x staleness)), lru, or largest.
 // - Thread-safe: one recursive mutex (autograd runs backward on its own threads; an allocation the
 //   manager makes may come back as pressure on the same thread). Replays run under it.

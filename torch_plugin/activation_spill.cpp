@@ -87,20 +87,28 @@ void activation_manager::copy_out(entry& e, at::Tensor host) {
 void activation_manager::copy_in(entry& e) {
   e.storage.set_data_ptr_noswap(e.storage.allocator()->allocate(e.nbytes));
   e.storage.set_nbytes(e.nbytes);
-  at::Tensor target = byte_view(e.storage, e.nbytes);
-  if (e.device.is_cuda()) {
-    auto h2d = copy_streams(e.device.index()).second;
-    if (e.copy) h2d.unwrap().wait(*e.copy);  // the spill's copy has completed
-    wait_for(h2d, c10::cuda::getCurrentCUDAStream(e.device.index()));  // the new block is ready
-    {
-      c10::cuda::CUDAStreamGuard guard(h2d);
-      target.copy_(e.host, /*non_blocking=*/true);  // the pinned buffer is kept until done
+  try {
+    at::Tensor target = byte_view(e.storage, e.nbytes);
+    if (e.device.is_cuda()) {
+      auto h2d = copy_streams(e.device.index()).second;
+      if (e.copy) h2d.unwrap().wait(*e.copy);  // the spill's copy has completed
+      wait_for(h2d, c10::cuda::getCurrentCUDAStream(e.device.index()));  // the new block is ready
+      {
+        c10::cuda::CUDAStreamGuard guard(h2d);
+        target.copy_(e.host, /*non_blocking=*/true);  // the pinned buffer is kept until done
+      }
+      target.record_stream(h2d.unwrap());
+      e.copy.emplace(c10::DeviceType::CUDA);
+      e.copy->record(h2d.unwrap());  // unpack makes the compute stream wait for it
+    } else {
+      target.copy_(e.host);
     }
-    target.record_stream(h2d.unwrap());
-    e.copy.emplace(c10::DeviceType::CUDA);
-    e.copy->record(h2d.unwrap());  // unpack makes the compute stream wait for it
-  } else {
-    target.copy_(e.host);
+  } catch (...) {
+    // Host memory ran out on the way (Note [Host out of memory]): the entry stays spilled, with
+    // its host copy, and the memory taken for it goes back.
+    e.storage.set_data_ptr_noswap(at::DataPtr(nullptr, e.device));
+    e.storage.set_nbytes(0);
+    throw;
   }
   e.host.reset();
   e.state = entry_state::resident;

@@ -137,18 +137,19 @@ at::Tensor checkpoint(const segment_function& fn, const std::vector<at::Tensor>&
   };
   manager->begin_segment(std::move(replay), std::move(cuda_devices), inputs);
   const auto start = std::chrono::steady_clock::now();
-  at::Tensor out;
+  // Its output, so that the next segment's input (or a save after it) can be dropped and
+  // recomputed by this one's replay. Whatever fails before end_segment (the run, or host memory
+  // for the list) ends the segment too: an open one would be every later save's lineage.
+  std::vector<at::Tensor> outputs;
   try {
-    out = fn(inputs);
+    outputs.push_back(fn(inputs));
   } catch (...) {
     manager->end_segment(0);
     throw;
   }
-  // Its output, so that the next segment's input (or a save after it) can be dropped and
-  // recomputed by this one's replay.
   manager->end_segment(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-                       {out});
-  return out;
+                       outputs);
+  return outputs.front();
 }
 
 }  // namespace spillway::torch_plugin
