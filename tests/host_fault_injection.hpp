@@ -11,11 +11,12 @@
 //   forms return nullptr); `persistent` keeps every later one failing too, until the scope ends.
 // - t_failures counts the failures injected since the scope was armed; t_countdown may be saved
 //   and set to -1 to shield a region (a simulated device standing for the CUDA runtime), then put
-//   back.
+//   back. run_with_host_fault runs an operation in such a scope and says what it did.
 #pragma once
 
 #include <cstddef>
 #include <cstdlib>
+#include <exception>
 #include <new>
 
 namespace spillway::test {
@@ -37,6 +38,28 @@ class host_fault_scope {
   host_fault_scope(const host_fault_scope&) = delete;
   host_fault_scope& operator=(const host_fault_scope&) = delete;
 };
+
+// What an operation run under a host fault did: what it threw (null: it returned), and how many
+// failures were injected (0: it made fewer allocations than the countdown allowed).
+struct host_fault_run {
+  std::exception_ptr error;
+  long failures = 0;
+};
+
+// Runs `operation` with the host allocation `k` (from 0) failing, and every one after it if
+// `persistent`.
+template <typename Operation>
+host_fault_run run_with_host_fault(long k, bool persistent, Operation&& operation) {
+  host_fault_run out;
+  host_fault_scope armed(k, persistent);
+  try {
+    operation();
+  } catch (...) {
+    out.error = std::current_exception();
+  }
+  out.failures = t_failures;
+  return out;
+}
 
 namespace detail {
 inline void* allocate_or_throw(std::size_t bytes, std::size_t alignment) {

@@ -138,17 +138,8 @@ long sweep(const std::function<std::unique_ptr<scenario>()>& make, bool persiste
   for (;; ++k) {
     REQUIRE_MESSAGE(k < 100000, "the operation never ends without a failure");
     std::unique_ptr<scenario> s = make();
-    long failures = 0;
-    std::exception_ptr error;
-    {
-      host_fault_scope armed(k, persistent);
-      try {
-        s->operation(*s);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      failures = t_failures;
-    }
+    const auto [error, failures] =
+        run_with_host_fault(k, persistent, [&] { s->operation(*s); });
     std::string outcome = "returned";
     if (error) {
       try {

@@ -34,8 +34,7 @@
 #include "spillway/errors.hpp"
 
 using namespace spillway::torch_plugin;
-using spillway::test::host_fault_scope;
-using spillway::test::t_failures;
+using spillway::test::run_with_host_fault;
 
 namespace {
 
@@ -139,17 +138,8 @@ long sweep(const std::function<std::unique_ptr<scenario>()>& make, bool persiste
   for (long k = 0;; ++k) {
     REQUIRE_MESSAGE(k < 100000, "the operation never ends without a failure");
     std::unique_ptr<scenario> s = make();
-    std::exception_ptr error;
-    long failures = 0;
-    {
-      host_fault_scope armed(k, persistent);
-      try {
-        s->operation(*s);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      failures = t_failures;
-    }
+    const auto [error, failures] =
+        run_with_host_fault(k, persistent, [&] { s->operation(*s); });
     std::string outcome = "returned";
     bool expected = true;
     if (error) {
