@@ -36,6 +36,7 @@ void add_counters(activation_stats& into, const activation_stats& s) {
   into.bytes_restored += s.bytes_restored;
   into.prefetches += s.prefetches;
   into.pressure_calls += s.pressure_calls;
+  into.evict_ns += s.evict_ns;
 }
 
 }  // namespace
@@ -66,7 +67,8 @@ std::vector<std::pair<std::string, std::uint64_t>> activation_stats::fields() co
           {"spill_fallbacks", spill_fallbacks},
           {"bytes_spilled", bytes_spilled}, {"bytes_dropped", bytes_dropped},
           {"bytes_restored", bytes_restored}, {"prefetches", prefetches},
-          {"pressure_calls", pressure_calls}, {"registered", registered},
+          {"pressure_calls", pressure_calls}, {"evict_ns", evict_ns},
+          {"registered", registered},
           {"resident_bytes", resident_bytes}, {"spilled_bytes", spilled_bytes},
           {"dropped_bytes", dropped_bytes}};
 }
@@ -137,7 +139,7 @@ void activation_manager::forget(entry& e) {
     e.orphaned = true;
     return;
   }
-  if (e.state == entry_state::resident) resident_bytes_ -= e.nbytes;
+  if (e.state == entry_state::resident) left_resident(e);
   if (e.state == entry_state::spilled) {
     spilled_.erase(e.seq);
     spilled_bytes_ -= e.nbytes;
@@ -214,6 +216,9 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
   if (auto it = entries_.find(storage.unsafeGetStorageImpl()); it != entries_.end()) {
     e = it->second.get();
   } else {
+    if (resident_.capacity() <= entries_.size()) {  // see resident_; grown geometrically
+      resident_.reserve(std::max<std::size_t>(2 * resident_.capacity(), 64));
+    }
     auto fresh = std::make_unique<entry>();
     fresh->storage = storage;
     fresh->nbytes = storage.nbytes();
@@ -231,7 +236,7 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
     if (fresh->lineage) fresh->lineage_version = detail::version_of(fresh->version);
     e = entries_.emplace(storage.unsafeGetStorageImpl(), std::move(fresh)).first->second.get();
     e->seq = next_seq_++;
-    resident_bytes_ += e->nbytes;
+    became_resident(*e);
   }
   std::shared_ptr<saved> handle;
   ++e->aliases;
@@ -277,8 +282,8 @@ void activation_manager::enforce_max_resident() {
   // The cap is on what could be evicted: storages the program still holds do not count, or a
   // cap below them would evict everything else at every pack and unpack.
   std::size_t held = 0;
-  for (const auto& [key, e] : entries_) {
-    if (e->state == entry_state::resident && !evictable(*e)) held += e->nbytes;
+  for (const entry* e : resident_) {
+    if (!evictable(*e)) held += e->nbytes;
   }
   const std::size_t evictable_bytes = resident_bytes_ - held;
   if (evictable_bytes > *options_.max_resident) evict(evictable_bytes - *options_.max_resident);

@@ -63,7 +63,10 @@
 //   of host memory otherwise (std::bad_alloc, from the manager or LibTorch under it) throws and
 //   leaves every entry as it was or as it would have been: none half-made, none lost, its byte
 //   counts exact (Note [Host out of memory]; tests/test_libtorch_host_faults.cpp).
-// - Victims: dtr (smallest restore cost / (bytes x staleness)), lru, or largest.
+// - Victims: dtr (smallest restore cost / (bytes x staleness)), lru, or largest, chosen among
+//   every evictable storage when there are at most 256 resident ones, else among a uniform
+//   sample of 256 per victim, drawn from the resident storages only, as DTR samples
+//   (bench/activation_evict_bench.py measures it; stats: evict_ns, the host time evicting).
 // - Thread-safe: one recursive mutex (autograd runs backward on its own threads; an allocation the
 //   manager makes may come back as pressure on the same thread). Replays run under it.
 // - Bad options throw spillway::invalid_argument naming the value and what was expected.
@@ -115,7 +118,8 @@ struct activation_stats {
                 nested_recomputes = 0,  // replays run to restore another replay's inputs
                 spill_fallbacks = 0,  // spills not made for want of host memory (see evict)
                 bytes_spilled = 0, bytes_dropped = 0, bytes_restored = 0, prefetches = 0,
-                pressure_calls = 0;
+                pressure_calls = 0,
+                evict_ns = 0;  // host time in evict and the pressure handler: choice and eviction
   std::uint64_t registered = 0, resident_bytes = 0, spilled_bytes = 0, dropped_bytes = 0;
   std::vector<std::pair<std::string, std::uint64_t>> fields() const;  // name, value
 };
@@ -180,7 +184,8 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
                                             const device_allocator* memory_of = nullptr);
   // The allocator's pressure handler: evicts storages of `memory` until `request` can be served,
   // preferring victims whose free makes a range that fits it (activation_eviction.cpp). Returns
-  // (freed, pinned) as evict does.
+  // (freed, pinned) as evict does, pinned only when it freed less than it was asked for (0
+  // otherwise: it says why a request fails, and counting it walks every resident storage).
   std::pair<std::size_t, std::size_t> evict_for(const pressure_request& request,
                                                 const device_allocator& memory);
   void enforce_max_resident();
@@ -212,7 +217,10 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   void settle_last_ended();
   std::pair<double, bool> restore_cost(entry& e);  // seconds, true = drop
   double score(entry& e, double now);  // the policy's: the smallest is the best victim
-  std::vector<entry*> candidates_of(const device_allocator* memory_of);
+  std::size_t sample_victims(const device_allocator* memory_of, std::uint64_t round);
+  void became_resident(entry& e) noexcept;  // resident_ and resident_bytes_ follow the state
+  void left_resident(entry& e) noexcept;
+  void swap_resident(std::size_t i, std::size_t j) noexcept;
   std::size_t pinned_bytes(const device_allocator* memory_of) const;
   std::size_t evict_one(entry& e);
   at::Tensor spill_buffer(const entry& e);  // undefined: no host memory for it
@@ -237,9 +245,14 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   // or the scope does (end_scope), since nothing else may hold it yet.
   std::shared_ptr<segment> last_ended_;
   std::uint64_t next_seq_ = 0;
-  std::size_t resident_bytes_ = 0;
+  // Every resident entry, in no order (entry::resident_at is its index): victims are sampled from
+  // it. Its capacity is kept at least entries_.size(), so that adding to it never allocates.
+  std::vector<entry*> resident_;
+  std::size_t resident_bytes_ = 0;  // theirs
+  std::uint64_t evict_rounds_ = 0;  // numbers each evict and evict_for call (entry::tried_in)
   std::size_t spilled_bytes_ = 0;  // held by spilled copies in host memory
   int replay_depth_ = 0;           // replays running on the thread that holds mutex_
+  std::uint64_t sample_state_ = 0x2545F4914F6CDD1DULL;  // SplitMix64: victims' samples
   activation_stats counters_;
 };
 

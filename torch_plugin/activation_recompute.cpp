@@ -257,7 +257,7 @@ void activation_manager::recompute(segment& s, bool nested) {
     }
     e->storage.set_nbytes(e->nbytes);
     e->state = entry_state::resident;
-    resident_bytes_ += e->nbytes;
+    became_resident(*e);
     ++e->pins;
     refilled.push_back(e);
   }

@@ -115,7 +115,7 @@ void activation_manager::copy_in(entry& e) {
   e.last_use = now_seconds();  // a restore is a use: a prefetched entry is not the next victim
   spilled_.erase(e.seq);
   spilled_bytes_ -= e.nbytes;
-  resident_bytes_ += e.nbytes;
+  became_resident(e);
   ++counters_.restores;
   counters_.bytes_restored += e.nbytes;
 }
