@@ -60,6 +60,7 @@ struct scenario {
   std::vector<std::shared_ptr<activation_manager::saved>> handles;
   std::vector<at::Tensor> expected;  // per handle, the bytes it must give back
   std::vector<at::Tensor> pending;   // the same for the handles the operation may add, in order
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> storages;  // of the saves before it
   std::size_t held_by_segments = 0;  // entries no handle holds: segment inputs
   std::function<void(scenario&)> operation;
   std::function<void(scenario&)> after;  // run after the operation, without failures
@@ -76,6 +77,7 @@ struct scenario {
     handles.push_back(manager->pack(t));
     REQUIRE(handles.back() != nullptr);
     expected.push_back(t.clone());
+    storages.push_back(t.storage().getWeakStorageImpl());
   }
   std::size_t evict_all() { return manager->evict(std::size_t{1} << 40).first; }
 };
@@ -105,6 +107,14 @@ void two_segments(scenario& s) {
 // The state the manager must be in after any run: see the file's header.
 void check_intact(scenario& s, const std::string& run) {
   INFO(run);
+  // First, as the operation left them: an evicted storage holds no memory (a refill that failed
+  // half-way left one with its memory and 0 bytes: counted nowhere, never evictable).
+  for (const auto& weak : s.storages) {
+    if (c10::intrusive_ptr<c10::StorageImpl> storage = weak.lock()) {
+      CHECK_MESSAGE((storage->nbytes() == 0) == (storage->data() == nullptr),
+                    "a storage of " << storage->nbytes() << " bytes at " << storage->data());
+    }
+  }
   if (s.after) s.after(s);
   for (std::size_t j = 0; s.expected.size() < s.handles.size(); ++j) {
     s.expected.push_back(s.pending.at(j));  // the operation's saves that were made

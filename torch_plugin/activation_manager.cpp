@@ -153,8 +153,11 @@ void activation_manager::forget(entry& e) {
 
 void activation_manager::note_saved(entry* e) {
   // Every open segment lists everything saved while it ran (nested segments included): a replay
-  // saves the same tensors in the same order. Room first: the lists grow all or none.
-  for (auto& s : open_segments_) s->saved.reserve(s->saved.size() + 1);
+  // saves the same tensors in the same order. Room first (grown geometrically): the lists grow
+  // all or none.
+  for (auto& s : open_segments_) {
+    if (s->saved.size() == s->saved.capacity()) s->saved.reserve(2 * s->saved.size() + 16);
+  }
   for (auto& s : open_segments_) {
     if (e == nullptr) {
       s->saved.emplace_back(std::nullopt);
@@ -246,14 +249,15 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
     if (--e->aliases == 0) forget(*e);
     throw;
   }
-  // From here the handle owns the alias: should anything below throw, it lets the entry go.
+  // From here the handle owns the alias: should anything below throw, it lets the entry go. The
+  // save is listed in the open segments last, so that a save that failed is listed nowhere.
   e->orphaned = false;  // saved again while a recomputation used it: it has a handle once more
+  settle_last_ended();
+  enforce_max_resident();
   if (saved_by_autograd) {
     note_saved(e);
     ++counters_.packed;
   }
-  settle_last_ended();
-  enforce_max_resident();
   return handle;
 }
 

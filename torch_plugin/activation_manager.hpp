@@ -34,10 +34,10 @@
 //   can only be spilled. A replay first makes its inputs resident: a
 //   spilled one is copied back, a dropped one (the output of an earlier segment) is recomputed by
 //   that segment first. Every segment needed that way, through any input and those segments'
-//   inputs in turn, is found first and replayed producers first, in a loop rather than by
-//   recursion; should an input be evicted again before its replay takes it, it is recomputed
-//   from inside that replay, and a replay nested more than 64 deep fails with std::runtime_error
-//   (stats: nested_recomputes). DTR's cost of dropping a storage is its segment's forward time
+//   inputs in turn, is replayed producers first, in a loop rather than by recursion, and what
+//   each restores is held until the replay that reads it has run. A replay nests another only
+//   when it reads, itself, dropped storages that are not its inputs; nested more than 64 deep,
+//   it fails with std::runtime_error (stats: nested_recomputes). DTR's cost of dropping a storage is its segment's forward time
 //   plus that of the earlier segments its replay would have to run first.
 // - In-place changes (tensor version counters): a storage is dropped only if its version is the
 //   one its lineage gives back (as at its segment's end, or when it was registered as an
@@ -227,10 +227,9 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   void copy_out(entry& e, at::Tensor host);
   void copy_in(entry& e);
   void make_resident(entry& e);
-  void recompute(segment& s, bool nested);
+  void recompute(segment& s, bool nested, std::vector<at::Tensor> inputs);  // inputs: resident
   double segment_cost(segment& s, int depth);  // with the dropped segments it needs first
   double measured_cost(segment& s);            // its forward's time (so far, if it runs)
-  std::vector<at::Tensor> resident_inputs(segment& s);
   void prefetch_before(std::uint64_t seq);
   void note_saved(entry* e);
 

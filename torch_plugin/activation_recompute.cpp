@@ -71,7 +71,6 @@ std::unordered_set<c10::StorageImpl*> held_only_by(const std::vector<at::Tensor>
   }
   return only;
 }
-// `waiter` waits for the work queued on `stream` so far.
 
 }  // namespace
 
@@ -83,46 +82,59 @@ constexpr int max_replay_depth = 64;
 
 // Made resident again: copied back if spilled; if dropped, recomputed by its segment, after the
 // earlier segments whose outputs that segment's replay needs and which were dropped too, and
-// theirs in turn. Those segments are found first, by a depth-first walk over every dropped input
-// with a stack of its own, and replayed producers first, in a loop: a long chain of dropped
-// checkpoints, or a segment fed by many (skip connections, dense blocks), is no deep recursion.
-// A replay nests another only for an input evicted again after the walk.
+// theirs in turn, each replayed once. A frame per segment being made ready to replay gathers its
+// inputs one by one, each made resident and held (so that nothing evicts it before the replay
+// runs); an input that is dropped pushes a frame for the segment that returned it, and is looked
+// at again once that segment has been replayed. So a long chain of dropped checkpoints, or a
+// segment fed by many (skip connections, dense blocks), is a loop, not a deep recursion, and
+// what one replay restores for the next is held until it runs. A replay nests another only when
+// it reads, itself, a dropped storage that is not its input.
 void activation_manager::make_resident(entry& e) {
   if (e.state == entry_state::spilled) {
     copy_in(e);
     return;
   }
   if (e.state != entry_state::dropped) return;
-  // The segment whose dropped input `in` is, if it is one.
-  const auto dropped_producer = [](const segment_input& in) -> segment* {
-    const bool dropped = in.held && in.held->entry_->state == entry_state::dropped;
-    return dropped ? in.held->entry_->lineage.get() : nullptr;
+  struct frame {
+    segment* s;
+    std::vector<at::Tensor> inputs;  // s's first inputs, resident and held
+    bool replayed_producer = false;  // the next input's segment has just been replayed
   };
-  std::vector<segment*> order;                 // producers before the segments that read them
-  std::unordered_set<const segment*> visiting, done;
-  std::vector<std::pair<segment*, std::size_t>> walk{{e.lineage.get(), 0}};  // (segment, next input)
-  visiting.insert(e.lineage.get());
-  while (!walk.empty()) {
-    auto& [s, next] = walk.back();
-    if (next == s->inputs.size()) {
-      order.push_back(s);
-      visiting.erase(s);
-      done.insert(s);
-      walk.pop_back();
+  std::vector<frame> stack;
+  stack.push_back({e.lineage.get(), {}});
+  std::unordered_set<const segment*> on_stack{e.lineage.get()};
+  while (!stack.empty()) {
+    frame& f = stack.back();
+    if (f.inputs.size() == f.s->inputs.size()) {  // ready: replayed, then its reader goes on
+      segment* ready = f.s;
+      std::vector<at::Tensor> inputs = std::move(f.inputs);
+      on_stack.erase(ready);
+      stack.pop_back();
+      recompute(*ready, ready != e.lineage.get() || replay_depth_ > 0, std::move(inputs));
       continue;
     }
-    segment* producer = dropped_producer(s->inputs[next++]);
-    if (producer == nullptr || done.count(producer) != 0) continue;
-    // Lineage runs back in time (an input is held before its segment begins, and a new entry's
-    // lineage is a segment open already), so this cannot happen; were it to, it is an error,
-    // not a hang.
-    if (!visiting.insert(producer).second) {
-      throw std::runtime_error("spillway: a checkpoint segment's lineage is cyclic: its replay "
-                               "needs its own output");
+    const segment_input& in = f.s->inputs[f.inputs.size()];
+    if (in.held && in.held->entry_->state == entry_state::dropped) {
+      if (f.replayed_producer) {
+        throw std::runtime_error("spillway: recomputing a checkpoint segment did not restore its "
+                                 "output of " + std::to_string(in.held->entry_->nbytes) +
+                                 " bytes, another segment's input (it is not deterministic)");
+      }
+      f.replayed_producer = true;
+      segment* producer = in.held->entry_->lineage.get();
+      // Lineage runs back in time (an input is held before its segment begins, and a new entry's
+      // lineage is a segment open already), so this cannot happen; were it to, it is an error,
+      // not a hang.
+      if (!on_stack.insert(producer).second) {
+        throw std::runtime_error("spillway: a checkpoint segment's lineage is cyclic: its replay "
+                                 "needs its own output");
+      }
+      stack.push_back({producer, {}});  // `f` is not used after this
+      continue;
     }
-    walk.emplace_back(producer, 0);
+    f.inputs.push_back(in.held ? unpack(*in.held) : in.kept);  // a spilled one is copied back
+    f.replayed_producer = false;
   }
-  for (segment* s : order) recompute(*s, s != e.lineage.get() || replay_depth_ > 0);
   if (e.state != entry_state::resident) {
     throw std::runtime_error("spillway: recomputing a checkpoint segment did not restore an "
                              "activation of " + std::to_string(e.nbytes) +
@@ -131,17 +143,8 @@ void activation_manager::make_resident(entry& e) {
   }
 }
 
-// The segment's inputs, resident, each held by the returned tensor (so not evictable while the
-// replay runs). A dropped one not restored before (see make_resident) is recomputed from here.
-std::vector<at::Tensor> activation_manager::resident_inputs(segment& s) {
-  std::vector<at::Tensor> out;
-  out.reserve(s.inputs.size());
-  for (const segment_input& in : s.inputs) out.push_back(in.held ? unpack(*in.held) : in.kept);
-  return out;
-}
-
-void activation_manager::recompute(segment& s, bool nested) {
-  // Bounds any recursion through resident_inputs (a cyclic lineage, could there be one, too).
+void activation_manager::recompute(segment& s, bool nested, std::vector<at::Tensor> inputs) {
+  // Bounds any recursion: a replay that reads other segments' dropped storages itself.
   if (replay_depth_ >= max_replay_depth) {
     throw std::runtime_error("spillway: recomputing a checkpoint segment needs replays nested " +
                              std::to_string(replay_depth_ + 1) + " deep, over the limit of " +
@@ -155,7 +158,6 @@ void activation_manager::recompute(segment& s, bool nested) {
     explicit depth_guard(int& d) : depth(d) { ++depth; }
     ~depth_guard() { --depth; }
   } nesting{replay_depth_};
-  std::vector<at::Tensor> inputs = resident_inputs(s);
   if (!inputs_unchanged(s)) {  // after its storages were dropped (droppable checks it before)
     throw std::runtime_error("spillway: a checkpoint segment's input was modified in place after "
                              "the segment ran and its activations were dropped: they cannot be "
@@ -242,18 +244,25 @@ void activation_manager::recompute(segment& s, bool nested) {
     // Dropped since, by the pressure of this loop's copies: not checked, so left dropped. And one
     // refilled already through another index (a storage saved twice) is not refilled again.
     if (!to_refill[i] || e->orphaned || e->state != entry_state::dropped) continue;
+    // What may throw comes before the memory is the entry's, or takes it back: should host
+    // memory run out here, the entry is dropped as it was, holding nothing.
     c10::StorageImpl* source = fresh[i].storage().unsafeGetStorageImpl();
     const auto taken = taken_by.find(source);
     if (taken == taken_by.end() && only_in_fresh.count(source) > 0 &&
         source->device() == e->device) {
+      taken_by.emplace(source, e);
       e->storage.set_data_ptr_noswap(source->set_data_ptr(at::DataPtr(nullptr, source->device())));
       source->set_nbytes(0);
-      taken_by.emplace(source, e);
       ++counters_.recompute_moves;
     } else {
       const c10::Storage& from = taken == taken_by.end() ? fresh[i].storage() : taken->second->storage;
       e->storage.set_data_ptr_noswap(e->storage.allocator()->allocate(e->nbytes));
-      byte_view(e->storage, e->nbytes).copy_(byte_view(from, e->nbytes));
+      try {
+        byte_view(e->storage, e->nbytes).copy_(byte_view(from, e->nbytes));
+      } catch (...) {
+        e->storage.set_data_ptr_noswap(at::DataPtr(nullptr, e->device));
+        throw;
+      }
     }
     e->storage.set_nbytes(e->nbytes);
     e->state = entry_state::resident;
@@ -284,12 +293,11 @@ double activation_manager::segment_cost(segment& s, int depth) {
   // The segment, and each distinct dropped segment its replay needs first (make_resident replays
   // each once), up to `depth` inputs back: a set, not a tree, so that a segment fed by many
   // dropped ones (a dense block) costs a sum, not a number of paths that grows as a power.
-  std::vector<std::pair<segment*, int>> frontier{{&s, 0}};
-  std::unordered_set<const segment*> seen{&s};
+  std::vector<std::pair<segment*, int>> frontier{{&s, 0}};  // a FIFO queue: nearest first, so
+  std::unordered_set<const segment*> seen{&s};              // each is reached at its own depth
   double cost = 0;
-  while (!frontier.empty()) {
-    auto [t, level] = frontier.back();
-    frontier.pop_back();
+  for (std::size_t next = 0; next < frontier.size(); ++next) {
+    const auto [t, level] = frontier[next];
     cost += measured_cost(*t);
     if (level == depth) continue;
     for (const segment_input& in : t->inputs) {

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "activation_manager_impl.hpp"
 
@@ -87,6 +88,7 @@ void activation_manager::copy_out(entry& e, at::Tensor host) {
 void activation_manager::copy_in(entry& e) {
   e.storage.set_data_ptr_noswap(e.storage.allocator()->allocate(e.nbytes));
   e.storage.set_nbytes(e.nbytes);
+  std::optional<c10::cuda::CUDAStream> queued;  // the stream of a copy queued into the block
   try {
     at::Tensor target = byte_view(e.storage, e.nbytes);
     if (e.device.is_cuda()) {
@@ -97,15 +99,19 @@ void activation_manager::copy_in(entry& e) {
         c10::cuda::CUDAStreamGuard guard(h2d);
         target.copy_(e.host, /*non_blocking=*/true);  // the pinned buffer is kept until done
       }
+      queued = h2d;
       target.record_stream(h2d.unwrap());
-      e.copy.emplace(c10::DeviceType::CUDA);
-      e.copy->record(h2d.unwrap());  // unpack makes the compute stream wait for it
+      c10::Event done(c10::DeviceType::CUDA);
+      done.record(h2d.unwrap());  // unpack makes the compute stream wait for it
+      e.copy = std::move(done);   // the spill's event is kept until nothing can fail
     } else {
       target.copy_(e.host);
     }
   } catch (...) {
     // Host memory ran out on the way (Note [Host out of memory]): the entry stays spilled, with
-    // its host copy, and the memory taken for it goes back.
+    // its host copy and the spill's event, and the memory taken for it goes back, after a copy
+    // already queued into it is done (it was freed in the current stream's order otherwise).
+    if (queued) queued->synchronize();
     e.storage.set_data_ptr_noswap(at::DataPtr(nullptr, e.device));
     e.storage.set_nbytes(0);
     throw;

@@ -156,7 +156,9 @@ void bind_activation_manager(py::module_& m) {
                handle = self.pack(tensor);
              }
              if (!handle) return py::none();
-             return py::cast(new saved_handle{std::move(handle)}, py::return_value_policy::take_ownership);
+             // Moved into an instance Python owns: a failure on the way frees it (a raw new
+             // would leak, and with it the entry and the manager it holds).
+             return py::cast(saved_handle{std::move(handle)});
            })
       .def("unpack",
            [](activation_manager& self, const saved_handle& h) {
