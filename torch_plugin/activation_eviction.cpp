@@ -230,6 +230,13 @@ std::pair<std::size_t, std::size_t> activation_manager::evict_for(const pressure
 
 std::size_t activation_manager::evict_one(entry& e) {
   bool drop = restore_cost(e).second;
+  // Pinned while its spill allocates: a host allocator served by a budgeted spillway pool may run
+  // the pressure handler on this thread, which must not pick this entry too.
+  struct spilling {
+    entry& e;
+    explicit spilling(entry& x) : e(x) { ++e.pins; }
+    ~spilling() { --e.pins; }
+  } pin{e};
   at::Tensor host;
   if (!drop) {
     host = spill_buffer(e);

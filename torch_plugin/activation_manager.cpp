@@ -250,14 +250,15 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
     throw;
   }
   // From here the handle owns the alias: should anything below throw, it lets the entry go. The
-  // save is listed in the open segments last, so that a save that failed is listed nowhere.
+  // save stays listed in the open segments even then: a program that goes on after the failure
+  // saves it again in the replay, which must stay aligned with the list.
   e->orphaned = false;  // saved again while a recomputation used it: it has a handle once more
-  settle_last_ended();
-  enforce_max_resident();
   if (saved_by_autograd) {
     note_saved(e);
     ++counters_.packed;
   }
+  settle_last_ended();
+  enforce_max_resident();
   return handle;
 }
 

@@ -35,7 +35,8 @@
 //   spilled one is copied back, a dropped one (the output of an earlier segment) is recomputed by
 //   that segment first. Every segment needed that way, through any input and those segments'
 //   inputs in turn, is replayed producers first, in a loop rather than by recursion, and what
-//   each restores is held until the replay that reads it has run. A replay nests another only
+//   each restores for another is held until the replay that reads it has run (each needed
+//   segment is replayed once per restore). A replay nests another only
 //   when it reads, itself, dropped storages that are not its inputs; nested more than 64 deep,
 //   it fails with std::runtime_error (stats: nested_recomputes). DTR's cost of dropping a storage is its segment's forward time
 //   plus that of the earlier segments its replay would have to run first.

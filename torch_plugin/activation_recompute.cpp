@@ -82,13 +82,19 @@ constexpr int max_replay_depth = 64;
 
 // Made resident again: copied back if spilled; if dropped, recomputed by its segment, after the
 // earlier segments whose outputs that segment's replay needs and which were dropped too, and
-// theirs in turn, each replayed once. A frame per segment being made ready to replay gathers its
-// inputs one by one, each made resident and held (so that nothing evicts it before the replay
-// runs); an input that is dropped pushes a frame for the segment that returned it, and is looked
-// at again once that segment has been replayed. So a long chain of dropped checkpoints, or a
-// segment fed by many (skip connections, dense blocks), is a loop, not a deep recursion, and
-// what one replay restores for the next is held until it runs. A replay nests another only when
-// it reads, itself, a dropped storage that is not its input.
+// theirs in turn. A frame per segment being made ready to replay gathers its inputs, each made
+// resident and then held (so that nothing evicts it before the replay runs); an input that is
+// dropped pushes a frame for the segment that returned it, and is looked at again once that
+// segment has been replayed. So a long chain of dropped checkpoints, or a segment fed by many
+// (skip connections, dense blocks), is a loop, not a deep recursion. Two rules keep it linear
+// and its memory small:
+// - every output a replay restores that a frame on the stack reads later is held for that frame
+//   until its own replay (the pressure of any unpack in between would evict it, and its segment
+//   would be replayed again, and the chain below it: exponentially, for segments of two outputs);
+// - a frame gathers its dropped inputs first, the dearest to replay first (segment_cost), and
+//   the resident or spilled ones last: what it holds while it descends into a long chain is then
+//   little (a ladder's short side input is restored after its long chain, not held through it).
+// A replay nests another only when it reads, itself, a dropped storage that is not its input.
 void activation_manager::make_resident(entry& e) {
   if (e.state == entry_state::spilled) {
     copy_in(e);
@@ -97,31 +103,60 @@ void activation_manager::make_resident(entry& e) {
   if (e.state != entry_state::dropped) return;
   struct frame {
     segment* s;
-    std::vector<at::Tensor> inputs;  // s's first inputs, resident and held
-    bool replayed_producer = false;  // the next input's segment has just been replayed
+    std::vector<std::size_t> order;  // its inputs' indices, in the order they are gathered
+    std::size_t next = 0;            // into order
+    std::vector<at::Tensor> inputs;  // by index, as they are gathered
+    std::vector<at::Tensor> held;    // its later inputs, restored by replays on the way
+    bool replayed_producer = false;  // order[next]'s segment has just been replayed
+  };
+  const auto dropped_producer = [](const segment_input& in) -> segment* {
+    const bool dropped = in.held && in.held->entry_->state == entry_state::dropped;
+    return dropped ? in.held->entry_->lineage.get() : nullptr;
+  };
+  const auto frame_for = [&](segment* s) {
+    frame f{s, {}, 0, std::vector<at::Tensor>(s->inputs.size()), {}, false};
+    std::vector<std::pair<double, std::size_t>> keyed;  // (-cost, index): dearest first
+    for (std::size_t i = 0; i < s->inputs.size(); ++i) {
+      segment* producer = dropped_producer(s->inputs[i]);
+      keyed.emplace_back(producer ? -segment_cost(*producer, /*depth=*/8) : 1.0, i);
+    }
+    std::stable_sort(keyed.begin(), keyed.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [key, i] : keyed) f.order.push_back(i);
+    return f;
   };
   std::vector<frame> stack;
-  stack.push_back({e.lineage.get(), {}});
+  stack.push_back(frame_for(e.lineage.get()));
   std::unordered_set<const segment*> on_stack{e.lineage.get()};
   while (!stack.empty()) {
     frame& f = stack.back();
-    if (f.inputs.size() == f.s->inputs.size()) {  // ready: replayed, then its reader goes on
+    if (f.next == f.order.size()) {  // ready: replayed, then the frames below go on
       segment* ready = f.s;
       std::vector<at::Tensor> inputs = std::move(f.inputs);
+      const std::vector<at::Tensor> held = std::move(f.held);  // let go once it has run
       on_stack.erase(ready);
       stack.pop_back();
       recompute(*ready, ready != e.lineage.get() || replay_depth_ > 0, std::move(inputs));
+      for (frame& g : stack) {  // its outputs that a frame below reads later: held for it
+        for (std::size_t j = g.next; j < g.order.size(); ++j) {
+          const segment_input& in = g.s->inputs[g.order[j]];
+          if (in.held && in.held->entry_->lineage.get() == ready &&
+              in.held->entry_->state == entry_state::resident) {
+            g.held.push_back(in.held->alias_.detach());
+          }
+        }
+      }
       continue;
     }
-    const segment_input& in = f.s->inputs[f.inputs.size()];
-    if (in.held && in.held->entry_->state == entry_state::dropped) {
+    const std::size_t index = f.order[f.next];
+    const segment_input& in = f.s->inputs[index];
+    if (segment* producer = dropped_producer(in)) {
       if (f.replayed_producer) {
         throw std::runtime_error("spillway: recomputing a checkpoint segment did not restore its "
                                  "output of " + std::to_string(in.held->entry_->nbytes) +
                                  " bytes, another segment's input (it is not deterministic)");
       }
       f.replayed_producer = true;
-      segment* producer = in.held->entry_->lineage.get();
       // Lineage runs back in time (an input is held before its segment begins, and a new entry's
       // lineage is a segment open already), so this cannot happen; were it to, it is an error,
       // not a hang.
@@ -129,10 +164,11 @@ void activation_manager::make_resident(entry& e) {
         throw std::runtime_error("spillway: a checkpoint segment's lineage is cyclic: its replay "
                                  "needs its own output");
       }
-      stack.push_back({producer, {}});  // `f` is not used after this
+      stack.push_back(frame_for(producer));  // `f` is not used after this
       continue;
     }
-    f.inputs.push_back(in.held ? unpack(*in.held) : in.kept);  // a spilled one is copied back
+    f.inputs[index] = in.held ? unpack(*in.held) : in.kept;  // a spilled one is copied back
+    ++f.next;
     f.replayed_producer = false;
   }
   if (e.state != entry_state::resident) {
