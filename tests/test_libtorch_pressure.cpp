@@ -291,3 +291,41 @@ TEST_CASE("under the allocator's pressure the victim is the one whose free makes
   hz.reset();
   manager->close();
 }
+
+TEST_CASE("a spill whose host memory comes from the same budget never picks its own victim again") {
+  // host_allocator is the budgeted allocator itself (torch's CPU allocator here, installed by
+  // budgeted_cpu): a spill's host buffer then runs the pressure handler, nested, on this thread.
+  // That call must not take the storage being spilled (nothing kept it from doing so), and the
+  // outer call must not try again what it tried already (a nested call's marks replaced its
+  // own: it looped for good). Every spill fails for memory here, so the request fails cleanly
+  // out of memory, and every storage keeps its bytes.
+  constexpr std::int64_t n = 128 << 10;  // floats: 512 KiB, the small pool's 2 MiB segments
+  budgeted_cpu cpu(2u << 20);
+  activation_options options;
+  options.mode = activation_mode::spill;
+  options.policy = activation_policy::lru;
+  options.min_bytes = 0;
+  options.prefetch = 0;
+  options.host_allocator = c10::GetCPUAllocator();
+  auto manager = activation_manager::make(options, &cpu.devices());
+  at::Tensor held = at::full({n}, 9.0f);
+  std::vector<std::shared_ptr<activation_manager::saved>> handles;
+  for (float v : {1.0f, 2.0f, 3.0f}) handles.push_back(manager->pack(at::full({n}, v)));
+  device_allocator& d = cpu.devices().device(0);
+  REQUIRE(d.stats().reserved_bytes[0].current == 2u << 20);
+  REQUIRE(d.stats().allocated_bytes[0].current == 2u << 20);
+
+  CHECK_THROWS_AS(at::empty({n}), c10::OutOfMemoryError);
+  const activation_stats s = manager->stats();
+  CHECK(s.spills == 0);
+  CHECK(s.evictions == 0);
+  CHECK(s.spill_fallbacks > 0);
+  for (std::size_t i = 0; i < handles.size(); ++i) {
+    const at::Tensor got = manager->unpack(*handles[i]);
+    const float* v = got.const_data_ptr<float>();  // no allocation: the budget is full
+    CHECK(std::all_of(v, v + n, [&](float x) { return x == static_cast<float>(i + 1); }));
+  }
+  held.reset();
+  handles.clear();
+  manager->close();
+}

@@ -110,19 +110,20 @@ void activation_manager::left_resident(entry& e) noexcept {
 // uniformly (a partial Fisher-Yates shuffle; every one in turn while there are at most
 // k_weighed resident entries), and returns their count; 0: none is left. A victim is evictable
 // (checked at every draw: an eviction's own allocations may have run the pressure handler, which
-// evicts from the same entries on this thread), not tried already by this call (`round`: a
-// spill that could not be made leaves it resident), and with `memory_of`, a live allocation of
+// evicts from the same entries on this thread), not tried already by this call (`tried`: a
+// spill that could not be made leaves it resident; a list of the call's own, since a nested
+// call tries the same entries), and with `memory_of`, a live allocation of
 // it (evicting a CPU storage, or another GPU's, frees nothing there). The scan for them asks the
 // allocator nothing until a resident entry is evictable; it draws from the resident entries
 // only, so the spilled and dropped ones cost nothing.
 std::size_t activation_manager::sample_victims(const device_allocator* memory_of,
-                                               std::uint64_t round) {
+                                               const std::vector<entry*>& tried) {
   const std::size_t n = resident_.size();
   std::size_t k = 0;
   for (std::size_t drawn = 0; drawn < n && k < k_weighed; ++drawn) {
     if (n > k_weighed) swap_resident(drawn, drawn + split_mix64(sample_state_) % (n - drawn));
     entry& e = *resident_[drawn];
-    if (e.tried_in != round && evictable(e) &&
+    if (evictable(e) && std::find(tried.begin(), tried.end(), &e) == tried.end() &&
         (memory_of == nullptr || memory_of->owns(e.storage.data()))) {
       swap_resident(k++, drawn);
     }
@@ -144,19 +145,19 @@ std::pair<std::size_t, std::size_t> activation_manager::evict(std::size_t wanted
                                                               const device_allocator* memory_of) {
   std::lock_guard lock(mutex_);
   evict_timer timer{counters_.evict_ns};
-  const std::uint64_t round = ++evict_rounds_;
+  std::vector<entry*> tried;    // could not be evicted by this call
   std::vector<double> scores;  // the policy's, once per sampled victim
   std::size_t freed = 0;
   const double now = now_seconds();
   while (freed < wanted) {
-    const std::size_t k = sample_victims(memory_of, round);
+    const std::size_t k = sample_victims(memory_of, tried);
     if (k == 0) break;
     scores.resize(k);
     for (std::size_t i = 0; i < k; ++i) scores[i] = score(*resident_[i], now);
     const std::size_t best = best_of(k, [&](std::size_t a, std::size_t b) { return scores[a] < scores[b]; });
     entry& victim = *resident_[best];
     const std::size_t n = evict_one(victim);
-    if (n == 0) victim.tried_in = round;  // a spill not made, and no drop possible
+    if (n == 0) tried.push_back(&victim);  // a spill not made, and no drop possible
     freed += n;
   }
   return {freed, pinned_bytes(memory_of)};
@@ -181,7 +182,7 @@ std::pair<std::size_t, std::size_t> activation_manager::evict_for(const pressure
                                                                   const device_allocator& memory) {
   std::lock_guard lock(mutex_);
   evict_timer timer{counters_.evict_ns};
-  const std::uint64_t round = ++evict_rounds_;
+  std::vector<entry*> tried;  // could not be evicted by this call
   const double now = now_seconds();
   const std::size_t enough = std::max({request.bytes, request.shortfall, std::size_t{1}});
   struct weighed {
@@ -193,7 +194,7 @@ std::pair<std::size_t, std::size_t> activation_manager::evict_for(const pressure
   std::vector<weighed> w;
   std::size_t freed = 0, released = 0;
   while (freed < enough) {
-    const std::size_t k = sample_victims(&memory, round);
+    const std::size_t k = sample_victims(&memory, tried);
     if (k == 0) break;
     w.assign(k, weighed{});
     for (std::size_t i = 0; i < k; ++i) {
@@ -217,7 +218,7 @@ std::pair<std::size_t, std::size_t> activation_manager::evict_for(const pressure
     const weighed chosen = w[best];
     const std::size_t n = evict_one(victim);
     if (n == 0) {  // a spill not made (no host memory) and no drop possible
-      victim.tried_in = round;
+      tried.push_back(&victim);
       continue;
     }
     freed += n;

@@ -218,7 +218,7 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   void settle_last_ended();
   std::pair<double, bool> restore_cost(entry& e);  // seconds, true = drop
   double score(entry& e, double now);  // the policy's: the smallest is the best victim
-  std::size_t sample_victims(const device_allocator* memory_of, std::uint64_t round);
+  std::size_t sample_victims(const device_allocator* memory_of, const std::vector<entry*>& tried);
   void became_resident(entry& e) noexcept;  // resident_ and resident_bytes_ follow the state
   void left_resident(entry& e) noexcept;
   void swap_resident(std::size_t i, std::size_t j) noexcept;
@@ -249,7 +249,6 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   // it. Its capacity is kept at least entries_.size(), so that adding to it never allocates.
   std::vector<entry*> resident_;
   std::size_t resident_bytes_ = 0;  // theirs
-  std::uint64_t evict_rounds_ = 0;  // numbers each evict and evict_for call (entry::tried_in)
   std::size_t spilled_bytes_ = 0;  // held by spilled copies in host memory
   int replay_depth_ = 0;           // replays running on the thread that holds mutex_
   std::uint64_t sample_state_ = 0x2545F4914F6CDD1DULL;  // SplitMix64: victims' samples

@@ -109,7 +109,6 @@ struct activation_manager::entry {
   int users = 0;
   int pins = 0;                          // > 0: not evictable
   std::size_t resident_at = 0;           // its index in resident_, while resident
-  std::uint64_t tried_in = 0;            // the eviction call that could not evict it
   bool orphaned = false;                 // its last handle went while it had users
 };
 
