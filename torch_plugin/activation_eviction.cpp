@@ -29,10 +29,9 @@ std::size_t best_of(std::size_t n, Better better) {
 // Weighing one asks the allocator three questions under its lock; with every one weighed (and
 // every entry scanned for them), a pressure call took about 3 ms at 16,000 saved storages (the
 // forward and backward 49 s, against 2.9 s now, on the 2-core development machine's simulated
-// device: bench/activation_evict_bench.py). DTR
-// samples too (the engine's dtr: ceil(sqrt(n)), Note [Eviction policies]); this sample is
-// larger, since saved storages are bigger and fewer than the engine's buffers, and a model of a
-// few hundred is weighed whole as before.
+// device: bench/activation_evict_bench.py). DTR samples too (the engine's dtr: ceil(sqrt(n)),
+// Note [Eviction policies]); this sample is larger, since saved storages are bigger and fewer
+// than the engine's buffers, and a model of a few hundred is weighed whole as before.
 constexpr std::size_t k_weighed = 256;
 
 std::uint64_t split_mix64(std::uint64_t& state) noexcept {
@@ -166,7 +165,7 @@ std::pair<std::size_t, std::size_t> activation_manager::evict(std::size_t wanted
 // Under the allocator's pressure a free range of request.bytes is what serves the request, or,
 // past the budget, bytes given back to the device (whole segments; with expandable segments whole
 // granules): scattered bytes may serve nothing. So each victim is weighed, among the sampled
-// candidates (sample_front), by what its free would make, as the engine's pressure handler does
+// candidates (sample_victims), by what its free would make, as the engine's pressure handler does
 // (engine_pressure.cpp):
 //   1. a candidate whose free coalesces, with its free and pending-free neighbours, into a range
 //      that fits the request on its stream and pool, or whose free gives back what covers the

@@ -136,6 +136,8 @@ struct segment_run {
 // keeps BatchNorm running statistics from being updated twice.
 using segment_replay = std::function<segment_run(const std::vector<at::Tensor>& inputs)>;
 
+struct segment_input;  // activation_manager_impl.hpp
+
 class activation_manager : public std::enable_shared_from_this<activation_manager> {
  public:
   struct entry;
@@ -229,6 +231,8 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   void copy_in(entry& e);
   void make_resident(entry& e);
   void recompute(segment& s, bool nested, std::vector<at::Tensor> inputs);  // inputs: resident
+  // The segment that returned `in`, if `in` is dropped: replayed, it gives it back.
+  static segment* dropped_producer(const segment_input& in);
   double segment_cost(segment& s, int depth);  // with the dropped segments it needs first
   double measured_cost(segment& s);            // its forward's time (so far, if it runs)
   void prefetch_before(std::uint64_t seq);

@@ -80,6 +80,11 @@ namespace {
 constexpr int max_replay_depth = 64;
 }  // namespace
 
+activation_manager::segment* activation_manager::dropped_producer(const segment_input& in) {
+  const bool dropped = in.held && in.held->entry_->state == entry_state::dropped;
+  return dropped ? in.held->entry_->lineage.get() : nullptr;
+}
+
 // Made resident again: copied back if spilled; if dropped, recomputed by its segment, after the
 // earlier segments whose outputs that segment's replay needs and which were dropped too, and
 // theirs in turn. A frame per segment being made ready to replay gathers its inputs, each made
@@ -108,10 +113,6 @@ void activation_manager::make_resident(entry& e) {
     std::vector<at::Tensor> inputs;  // by index, as they are gathered
     std::vector<at::Tensor> held;    // its later inputs, restored by replays on the way
     bool replayed_producer = false;  // order[next]'s segment has just been replayed
-  };
-  const auto dropped_producer = [](const segment_input& in) -> segment* {
-    const bool dropped = in.held && in.held->entry_->state == entry_state::dropped;
-    return dropped ? in.held->entry_->lineage.get() : nullptr;
   };
   const auto frame_for = [&](segment* s) {
     frame f{s, {}, 0, std::vector<at::Tensor>(s->inputs.size()), {}, false};
@@ -337,9 +338,9 @@ double activation_manager::segment_cost(segment& s, int depth) {
     cost += measured_cost(*t);
     if (level == depth) continue;
     for (const segment_input& in : t->inputs) {
-      if (in.held && in.held->entry_->state == entry_state::dropped) {
-        segment* producer = in.held->entry_->lineage.get();
-        if (seen.insert(producer).second) frontier.emplace_back(producer, level + 1);
+      segment* producer = dropped_producer(in);
+      if (producer != nullptr && seen.insert(producer).second) {
+        frontier.emplace_back(producer, level + 1);
       }
     }
   }
