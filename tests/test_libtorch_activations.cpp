@@ -1,6 +1,7 @@
 // test_libtorch_activations: the LibTorch route (torch_plugin/libtorch_activations.hpp) and the
 // activation_manager under it, on CPU tensors.
 //
+// (The restores of dropped segments, nested replays and early stop: test_libtorch_restores.cpp.)
 // Proves that, through the replaced engine's default saved-variable hooks, gradients are
 // bit-identical to a plain run when every checkpoint segment is dropped and recomputed (with
 // dropout: the RNG state is replayed) and when every activation is spilled and copied back; that
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "libtorch_activation_options.hpp"
 #include "libtorch_activations.hpp"
 #include "libtorch_test_mlp.hpp"
 #include "spillway/errors.hpp"
@@ -29,7 +31,9 @@ using namespace spillway::torch_plugin;
 
 namespace {
 
-using mlp = spillway::test::libtorch_test_mlp;  // default shape: width 128, relu, dropout 0.2
+using mlp = spillway::test::libtorch_test_mlp;
+using spillway::test::drop_when_asked;
+using spillway::test::evict_all;  // default shape: width 128, relu, dropout 0.2
 
 struct result {
   at::Tensor loss, running;
@@ -56,22 +60,6 @@ void check_identical(const result& a, const result& b) {
   CHECK(at::equal(a.running, b.running));
   REQUIRE(a.grads.size() == b.grads.size());
   for (std::size_t i = 0; i < a.grads.size(); ++i) CHECK(at::equal(a.grads[i], b.grads[i]));
-}
-
-// Drop-only, every size, evicting only when the test calls evict().
-activation_options drop_when_asked() {
-  activation_options o;
-  o.mode = activation_mode::drop;
-  o.min_bytes = 0;
-  return o;
-}
-
-activation_options evict_all(activation_mode mode) {
-  activation_options o;
-  o.max_resident = 0;
-  o.mode = mode;
-  o.min_bytes = 0;
-  return o;
 }
 
 }  // namespace
@@ -132,179 +120,6 @@ TEST_CASE("a segment's input is evictable once the program lets go of it") {
   CHECK(s.recomputes == 2);
   CHECK(s.nested_recomputes == 1);
   CHECK(s.registered == 0);
-}
-
-TEST_CASE("every dropped input of a segment is restored before it, in a loop, not by nesting") {
-  // A ladder: S_i(z_i, prev), with z_i the output of a segment Z_i that ended just before, and
-  // prev, S_(i-1)'s output, registered first by an op outside any segment (so it has S_(i-1) as
-  // lineage). Replaying S_n needs both inputs, and so on down to S_0. Following only each
-  // segment's first dropped input (as make_resident did) restored every prev from inside the
-  // replay that needed it: 70 rungs nested 70 deep, over the limit of 64.
-  enable_libtorch_hooks();
-  const auto make_z = [](const std::vector<at::Tensor>& in) { return in[0].sin(); };
-  const auto combine = [](const std::vector<at::Tensor>& in) { return (in[0] + in[1]).cos(); };
-  const at::Tensor w0 = at::randn({1024});
-  constexpr int rungs = 70;
-  const auto run = [&](const std::shared_ptr<activation_manager>& manager) {
-    at::Tensor w = w0.clone().requires_grad_();
-    at::Tensor loss;
-    {
-      std::optional<activation_scope> scope;
-      if (manager) scope.emplace(manager);
-      const auto segment = [&](const segment_function& fn, const std::vector<at::Tensor>& in) {
-        return manager ? checkpoint(fn, in) : fn(in);
-      };
-      at::Tensor prev = w * 3, side = at::zeros({1024});
-      for (int i = 0; i < rungs; ++i) {
-        const at::Tensor z = segment(make_z, {w + i});
-        prev = segment(combine, {z, prev});
-        side = side + prev.square();  // saves prev outside a segment: its lineage is S_i
-      }
-      loss = prev.sum() + side.sum();
-    }
-    // Drop mode keeps what has no lineage (w * 3, each w + i) and drops everything else.
-    if (manager) {
-      manager->evict(std::size_t{1} << 30);
-      REQUIRE(manager->stats().dropped_bytes > 0);
-    }
-    loss.backward();
-    return w.grad();
-  };
-  const at::Tensor reference = run(nullptr);
-  SUBCASE("evicted once, before the backward") {
-    auto manager = activation_manager::make(drop_when_asked());
-    CHECK(at::equal(run(manager), reference));
-    const activation_stats s = manager->stats();
-    CHECK(s.recomputes == 2 * rungs);             // each segment once
-    CHECK(s.nested_recomputes == 2 * rungs - 1);  // all but S_69, for another's inputs
-    CHECK(s.registered == 0);
-  }
-  SUBCASE("evicted whenever it can be (max_resident 0): polynomial, not exponential") {
-    // Each backward step finds the chain below it dropped again and replays it: about rungs^2
-    // replays (9,940). A restore that let go of what it had just replayed before the replay that
-    // reads it ran (7318606) saw it evicted at the next unpack and walked the chain again: 2,502
-    // replays at 8 rungs, not done in 12 minutes at 70 (found by review).
-    auto manager = activation_manager::make(evict_all(activation_mode::drop));
-    CHECK(at::equal(run(manager), reference));
-    const activation_stats s = manager->stats();
-    CHECK(s.recomputes <= 4 * rungs * rungs);
-    CHECK(s.registered == 0);
-  }
-}
-
-TEST_CASE("a chain of segments of two outputs is restored in linear time under pressure") {
-  // Each segment takes the two outputs of the one before. A restore under max_resident 0 that
-  // held, of a replay's outputs, only the one its reader unpacked first saw the other evicted at
-  // that unpack, and replayed the segment again, and the chain below it: 4,095 replays for 12
-  // segments (2^12 - 1; found by review). Every output a frame reads later is held now.
-  auto manager = activation_manager::make(evict_all(activation_mode::drop));
-  constexpr int segments = 12;
-  const auto fn = [](const std::vector<at::Tensor>& in) {
-    return segment_run{{}, {(in[0] + in[1]).sin(), (in[0] - in[1]).cos()}};
-  };
-  at::Tensor a = at::randn({256}), b = at::randn({256});
-  at::Tensor ra = a.clone(), rb = b.clone();
-  for (int i = 0; i < segments; ++i) {
-    manager->begin_segment(fn, {}, {a, b});
-    segment_run first = fn({a, b});
-    manager->end_segment(1e-3, first.outputs);
-    a = first.outputs[0];
-    b = first.outputs[1];
-    segment_run reference = fn({ra, rb});
-    ra = reference.outputs[0];
-    rb = reference.outputs[1];
-  }
-  auto handle = manager->pack(a);
-  a.reset();
-  b.reset();
-  manager->evict(std::size_t{1} << 30);
-  REQUIRE(manager->stats().dropped_bytes > 0);
-  CHECK(at::equal(manager->unpack(*handle), ra));
-  CHECK(manager->stats().recomputes <= segments);  // each once at most
-}
-
-TEST_CASE("a dense block (each segment reads every earlier one) is restored bit-identically") {
-  // Segment k reads the outputs of segments 0..k-1, each registered by an op outside any
-  // segment right after its own segment (so each has lineage), and every one is dropped as soon
-  // as it can be (max_resident 0). Each backward step replays the block below it, each segment
-  // once: about layers^2 replays in all (1,640). DTR's cost of a drop counts each needed segment
-  // once too. It counted every path, up to 8 back: with 40 layers this test ran for over two
-  // minutes before it was killed (the 2-core machine, 2026-11-27); now it takes about a second.
-  // A restore that let go of what it had just replayed before its reader ran (7318606) made
-  // 22,960 replays here.
-  enable_libtorch_hooks();
-  constexpr int layers = 40;
-  const auto layer = [](const std::vector<at::Tensor>& in) {
-    at::Tensor sum = in[0];
-    for (std::size_t j = 1; j < in.size(); ++j) sum = sum + in[j];
-    return (sum / static_cast<double>(in.size())).sin();
-  };
-  const at::Tensor w0 = at::randn({1024});
-  const auto run = [&](const std::shared_ptr<activation_manager>& manager) {
-    at::Tensor w = w0.clone().requires_grad_();
-    at::Tensor loss;
-    {
-      std::optional<activation_scope> scope;
-      if (manager) scope.emplace(manager);
-      std::vector<at::Tensor> features{w * 3};
-      at::Tensor side = at::zeros({1024});
-      for (int k = 0; k < layers; ++k) {
-        features.push_back(manager ? checkpoint(layer, features) : layer(features));
-        side = side + features.back().square();  // registers it: its lineage is segment k
-      }
-      loss = features.back().sum() + side.sum();
-    }
-    loss.backward();
-    return w.grad();
-  };
-  const at::Tensor reference = run(nullptr);
-  auto manager = activation_manager::make(evict_all(activation_mode::drop));
-  CHECK(at::equal(run(manager), reference));
-  CHECK(manager->stats().drops > 0);
-  CHECK(manager->stats().recomputes > 0);
-  CHECK(manager->stats().recomputes <= 2 * layers * layers);
-  CHECK(manager->stats().registered == 0);
-}
-
-TEST_CASE("replays nested more than 64 deep fail clearly, and leave nothing pinned") {
-  // Each segment's replay reads a storage of the one before that is not its input (the API
-  // allows it; spillway's bindings pass what a segment reads as inputs): the walk over inputs
-  // cannot see it, so every replay restores the one before from inside itself.
-  auto manager = activation_manager::make(drop_when_asked());
-  activation_manager* m = manager.get();  // raw: a segment holding the manager would keep it
-  constexpr int segments = 70;
-  constexpr std::int64_t n = 256;
-  std::vector<std::shared_ptr<activation_manager::saved>> handles;
-  handles.reserve(segments);
-  const auto* before = &handles;  // the replays read it: raw, no handle held by a segment
-  for (int i = 0; i < segments; ++i) {
-    manager->begin_segment([m, before, i](const std::vector<at::Tensor>&) {
-      if (i > 0) {
-        const at::Tensor previous = m->unpack(*(*before)[i - 1]);
-        REQUIRE(at::equal(previous, at::full({n}, float(i - 1))));
-      }
-      return segment_run{{at::full({n}, float(i))}, {}};
-    }, {}, {});
-    handles.push_back(manager->pack(at::full({n}, float(i))));
-    manager->end_segment(1e-3);
-  }
-  REQUIRE(manager->evict(std::size_t{1} << 30).first == segments * n * sizeof(float));
-
-  std::string message;
-  try {
-    manager->unpack(*handles.back());
-  } catch (const std::runtime_error& e) {
-    message = e.what();
-  }
-  CHECK(message.find("replays nested 65 deep, over the limit of 64") != std::string::npos);
-  // The unwound levels refilled nothing and let go of every member: all stay dropped, and one
-  // within the limit is recomputed, bit-identically.
-  CHECK(manager->stats().resident_bytes == 0);
-  CHECK(manager->stats().dropped_bytes == segments * n * sizeof(float));
-  CHECK(at::equal(manager->unpack(*handles[9]), at::full({n}, 9.0f)));
-  CHECK(manager->stats().recomputes == 10);
-  handles.clear();
-  CHECK(manager->stats().registered == 0);
 }
 
 TEST_CASE("an output modified in place after its segment is never recomputed from it") {
@@ -413,7 +228,7 @@ TEST_CASE("a replay never refills another storage that took the address of one i
   auto manager = activation_manager::make(drop_when_asked());
   constexpr std::int64_t n = 1024;
   auto replay_of = [](std::vector<float> values) {
-    return [values](const std::vector<at::Tensor>&) {
+    return [values](const std::vector<at::Tensor>&, std::optional<std::size_t>) {
       segment_run out;
       for (float v : values) out.saved.push_back(at::full({n}, v));
       return out;
@@ -470,7 +285,7 @@ TEST_CASE("a replay that saves one storage where the first run saved two refills
   auto manager = activation_manager::make(drop_when_asked());
   constexpr std::int64_t n = 1024;
   const at::Tensor kept = at::full({n}, 7.0f);
-  manager->begin_segment([kept](const std::vector<at::Tensor>&) {
+  manager->begin_segment([kept](const std::vector<at::Tensor>&, std::optional<std::size_t>) {
     at::Tensor t = at::full({n}, 5.0f);
     at::Tensor alias = at::empty({0}).set_(t.storage(), 0, {n}, {1});  // no view base: 2 owners
     return segment_run{{t, alias, kept}, {}};
@@ -507,7 +322,7 @@ TEST_CASE("a resident storage of a segment may be evicted while that segment is 
   auto manager = activation_manager::make(drop_when_asked());
   constexpr std::int64_t n = 1024;
   activation_manager* m = manager.get();  // not a shared_ptr: the segment would keep it alive
-  manager->begin_segment([m](const std::vector<at::Tensor>&) {
+  manager->begin_segment([m](const std::vector<at::Tensor>&, std::optional<std::size_t>) {
     m->evict(std::size_t{1} << 30);  // pressure in the middle of the replay
     return segment_run{{at::full({n}, 1.0f), at::full({n}, 2.0f)}, {}};
   }, {}, {});

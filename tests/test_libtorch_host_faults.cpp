@@ -46,7 +46,7 @@ at::Tensor value(float v) { return at::full({n}, v); }
 // A segment whose replay computes its saved tensors and output from its inputs (or from nothing),
 // as its first run did.
 segment_replay replay_of(std::vector<float> saved, float output) {
-  return [saved, output](const std::vector<at::Tensor>& inputs) {
+  return [saved, output](const std::vector<at::Tensor>& inputs, std::optional<std::size_t>) {
     const at::Tensor base = inputs.empty() ? value(0) : inputs[0];
     segment_run run;
     for (float v : saved) run.saved.push_back(base + v);

@@ -203,6 +203,31 @@ class CheckpointRecompute(unittest.TestCase):
         self.assertEqual(acts.stats()["evictions"], 0)
         self.assertEqual(acts.stats()["recomputes"], 0)
 
+    def test_a_replay_stops_after_the_last_save_backward_needs(self):
+        # Only the segment's oldest save is dropped (LRU): its replay stops once it has given it
+        # back, before the ops whose saves backward has consumed already run again.
+        tail = [0]
+
+        def chain(t):
+            a = t.sin()  # saves t
+            b = a.sin()  # saves a: the last save a replay has to give
+            tail[0] += 1
+            return b.sin().sin()  # saves b, then b.sin()
+
+        n = 4096
+        w0 = torch.randn(n)
+        w = w0.clone().requires_grad_()
+        chain(w * 3).sum().backward()
+        reference, w, tail[0] = w.grad, w0.clone().requires_grad_(), 0
+        with spillway.activations(mode="drop", policy="lru", min_bytes=0) as acts:
+            loss = spillway.checkpoint(chain, w * 3).sum()
+            self.assertEqual(acts.evict(n * 4)[0], n * 4)  # w * 3 has no lineage: a goes
+            loss.backward()
+        self.assertTrue(torch.equal(w.grad, reference))
+        self.assertEqual(acts.stats()["recomputes"], 1)
+        self.assertEqual(acts.stats()["recomputes_stopped"], 1)
+        self.assertEqual(tail[0], 1)  # the forward's: the replay stopped before it
+
     def test_checkpoint_outside_activations_is_a_plain_call(self):
         model = mlp(depth=1)
         x = torch.randn(4, 256)

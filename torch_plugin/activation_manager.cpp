@@ -29,6 +29,7 @@ void add_counters(activation_stats& into, const activation_stats& s) {
   into.restores += s.restores;
   into.recomputes += s.recomputes;
   into.recompute_moves += s.recompute_moves;
+  into.recomputes_stopped += s.recomputes_stopped;
   into.nested_recomputes += s.nested_recomputes;
   into.spill_fallbacks += s.spill_fallbacks;
   into.bytes_spilled += s.bytes_spilled;
@@ -63,7 +64,8 @@ std::vector<std::pair<std::string, std::uint64_t>> activation_stats::fields() co
   return {{"packed", packed},           {"evictions", evictions},
           {"spills", spills},           {"drops", drops},
           {"restores", restores},       {"recomputes", recomputes},
-          {"recompute_moves", recompute_moves}, {"nested_recomputes", nested_recomputes},
+          {"recompute_moves", recompute_moves}, {"recomputes_stopped", recomputes_stopped},
+          {"nested_recomputes", nested_recomputes},
           {"spill_fallbacks", spill_fallbacks},
           {"bytes_spilled", bytes_spilled}, {"bytes_dropped", bytes_dropped},
           {"bytes_restored", bytes_restored}, {"prefetches", prefetches},

@@ -24,7 +24,11 @@
 //   back afterwards); every dropped storage of the segment is refilled from the tensors the replay
 //   saved, matched by save order (taking over the memory of those only the replay held, without
 //   an allocation or a copy; copying the others). A replay that saves tensors of other sizes fails
-//   with std::runtime_error ("not deterministic"), changing nothing.
+//   with std::runtime_error ("not deterministic"), changing nothing. When no output of the
+//   segment is dropped, the replay stops after the last save that is (as torch.utils.checkpoint's
+//   early stop): what backward has consumed already is neither recomputed nor allocated again
+//   (stats: recomputes_stopped); a storage after that point dropped by the replay's own pressure
+//   stays dropped, restored when it is used.
 // - Segment inputs: begin_segment holds a segment's tensor inputs the way it holds saved storages
 //   (an entry per storage), so once the program lets go of them they are evictable like any saved
 //   activation: a checkpoint boundary is not pinned for the segment's lifetime. A storage that is
@@ -116,6 +120,7 @@ struct activation_options {
 struct activation_stats {
   std::uint64_t packed = 0, evictions = 0, spills = 0, drops = 0, restores = 0, recomputes = 0,
                 recompute_moves = 0,  // dropped storages refilled by taking the replay's memory
+                recomputes_stopped = 0,  // replays stopped after the last save they had to give
                 nested_recomputes = 0,  // replays run to restore another replay's inputs
                 spill_fallbacks = 0,  // spills not made for want of host memory (see evict)
                 bytes_spilled = 0, bytes_dropped = 0, bytes_restored = 0, prefetches = 0,
@@ -126,15 +131,20 @@ struct activation_stats {
 };
 
 // What a checkpoint segment's run gives: every tensor it saved for backward, in order, and the
-// tensors it returned, in order.
+// tensors it returned, in order; or, when it stopped early (stopped), the saves up to where it
+// was asked to stop, and no outputs.
 struct segment_run {
   std::vector<at::Tensor> saved, outputs;
+  bool stopped = false;
 };
 
 // Re-runs a checkpoint segment on `inputs` (the tensors begin_segment got, resident again). The
 // binding implements it (Python: saved_tensors_hooks; LibTorch: the engine's default hooks), and
-// keeps BatchNorm running statistics from being updated twice.
-using segment_replay = std::function<segment_run(const std::vector<at::Tensor>& inputs)>;
+// keeps BatchNorm running statistics from being updated twice. With `stop_after_saves`, nothing
+// after that many saves is wanted: the replay may stop there (the rest of the segment is not
+// run) and say so in segment_run::stopped, or run to the end; without it, it runs to the end.
+using segment_replay = std::function<segment_run(const std::vector<at::Tensor>& inputs,
+                                                 std::optional<std::size_t> stop_after_saves)>;
 
 struct segment_input;  // activation_manager_impl.hpp
 
@@ -231,6 +241,8 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   void copy_in(entry& e);
   void make_resident(entry& e);
   void recompute(segment& s, bool nested, std::vector<at::Tensor> inputs);  // inputs: resident
+  // How many saves a replay of `s` must give back (segment_replay); nullopt: all, and its outputs.
+  static std::optional<std::size_t> early_stop(const segment& s, const std::vector<entry*>& members);
   // The segment that returned `in`, if `in` is dropped: replayed, it gives it back.
   static segment* dropped_producer(const segment_input& in);
   double segment_cost(segment& s, int depth);  // with the dropped segments it needs first

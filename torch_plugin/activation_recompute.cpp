@@ -235,7 +235,9 @@ void activation_manager::recompute(segment& s, bool nested, std::vector<at::Tens
     }
   } release_guard{*this, members, refilled};
 
+  const std::optional<std::size_t> stop_after = early_stop(s, members);
   std::vector<at::Tensor> fresh;
+  std::size_t given = members.size();  // the members the replay gave back
   {
     const detail::generator_states current = detail::generator_states::capture(s.cuda_devices);
     struct put_back {
@@ -243,20 +245,26 @@ void activation_manager::recompute(segment& s, bool nested, std::vector<at::Tens
       ~put_back() { states.apply(); }
     } restore_guard{current};
     s.rng.apply();
-    segment_run run = s.replay(inputs);
+    segment_run run = s.replay(inputs, stop_after);
     // Aligned with `members`: a replay that saved fewer or more tensors than the first run
     // is caught below by a size, or by the entry it leaves dropped (make_resident).
+    if (run.stopped) {
+      given = std::min(run.saved.size(), s.saved.size());
+      run.outputs.clear();
+      ++counters_.recomputes_stopped;
+    }
     fresh = std::move(run.saved);
     fresh.resize(s.saved.size());
     run.outputs.resize(s.outputs.size());
     fresh.insert(fresh.end(), run.outputs.begin(), run.outputs.end());
   }
   inputs.clear();  // held no more: an input the replay saved again is then the replay's alone
-  // What is refilled: the members dropped now. One dropped later, by the pressure of the
-  // refill's own allocations, stays dropped (restored when it is used), as its size was not
-  // checked. Check every size first, so that a failing replay changes nothing.
+  // What is refilled: the members dropped now that the replay gave back. One dropped later, by
+  // the pressure of the refill's own allocations, or past where a stopped replay stopped, stays
+  // dropped (restored when it is used), as its size was not checked. Check every size first, so
+  // that a failing replay changes nothing.
   std::vector<bool> to_refill(members.size(), false);
-  for (std::size_t i = 0; i < members.size() && i < fresh.size(); ++i) {
+  for (std::size_t i = 0; i < given && i < fresh.size(); ++i) {
     entry* e = members[i];
     to_refill[i] = e != nullptr && !e->orphaned && e->state == entry_state::dropped;
   }
@@ -309,6 +317,25 @@ void activation_manager::recompute(segment& s, bool nested, std::vector<at::Tens
   }
   ++counters_.recomputes;
   if (nested) ++counters_.nested_recomputes;
+}
+
+// Where a replay of `s` may stop (segment_replay): after its last save that is dropped and
+// still used, when none of its outputs is dropped (outputs come at the end of a run); nullopt:
+// it runs to the end. `members`: its saves, then its outputs, as recompute lists them. Under
+// torch.utils.checkpoint's early stop too, what backward has consumed already (the saves of the
+// segment's last operations, for one whose first operations' saves were dropped) is not
+// recomputed.
+std::optional<std::size_t> activation_manager::early_stop(const segment& s,
+                                                          const std::vector<entry*>& members) {
+  std::size_t last_wanted = 0;  // one past the last save to give back
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    const entry* e = members[i];
+    if (e == nullptr || e->orphaned || e->state != entry_state::dropped) continue;
+    if (i >= s.saved.size()) return std::nullopt;  // an output
+    last_wanted = i + 1;
+  }
+  if (last_wanted == 0 || last_wanted == s.saved.size()) return std::nullopt;
+  return last_wanted;
 }
 
 // Every input still has the version it had when the segment began: a replay starts from the

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <typeinfo>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 
 namespace spillway::torch_plugin {
@@ -16,8 +17,27 @@ namespace spillway::torch_plugin {
 namespace {
 
 thread_local activation_scope* innermost = nullptr;
-// While a checkpoint segment is replayed on this thread, what it saves is collected here instead.
-thread_local std::vector<at::Tensor>* replay_record = nullptr;
+
+// While a checkpoint segment is replayed on this thread, what it saves is collected here instead,
+// up to `stop_after` saves (segment_replay), where the pack hook throws replay_stopped.
+struct replay_recording {
+  std::vector<at::Tensor>& saved;
+  std::optional<std::size_t> stop_after;
+};
+struct replay_stopped {};
+thread_local replay_recording* replay_record = nullptr;
+
+// Sets replay_record for one replay and puts back the one it found (a replay in a replay).
+class recording_scope {
+ public:
+  explicit recording_scope(replay_recording& r) : outer_(replay_record) { replay_record = &r; }
+  ~recording_scope() { replay_record = outer_; }
+  recording_scope(const recording_scope&) = delete;
+  recording_scope& operator=(const recording_scope&) = delete;
+
+ private:
+  replay_recording* outer_;
+};
 
 // Packs into `manager`; with no manager (a replay), only records.
 class spillway_saved_hooks final : public torch::autograd::SavedVariableHooks {
@@ -29,7 +49,8 @@ class spillway_saved_hooks final : public torch::autograd::SavedVariableHooks {
     if (replay_record != nullptr) {
       // A replay's graph is never run backward: it keeps nothing, or its saved tensors would
       // live (and hold a second copy of the segment's memory) as long as its output does.
-      replay_record->push_back(tensor.detach());
+      replay_record->saved.push_back(tensor.detach());
+      if (replay_record->saved.size() == replay_record->stop_after) throw replay_stopped{};
       return;
     }
     if (!manager_) {
@@ -113,7 +134,8 @@ at::Tensor checkpoint(const segment_function& fn, const std::vector<at::Tensor>&
   // The inputs are the manager's to hold (evictable, and handed back resident): not captured.
   std::vector<bool> requires_grad;
   for (const at::Tensor& t : inputs) requires_grad.push_back(t.defined() && t.requires_grad());
-  segment_replay replay = [fn, requires_grad, keep](const std::vector<at::Tensor>& resident) {
+  segment_replay replay = [fn, requires_grad, keep](const std::vector<at::Tensor>& resident,
+                                                    std::optional<std::size_t> stop_after) {
     std::vector<at::Tensor> kept_values;
     for (const at::Tensor& t : keep) kept_values.push_back(t.detach().clone());
     std::vector<at::Tensor> detached;
@@ -122,15 +144,14 @@ at::Tensor checkpoint(const segment_function& fn, const std::vector<at::Tensor>&
       detached.push_back(t.defined() ? t.detach().requires_grad_(requires_grad[i]) : t);
     }
     segment_run run;
-    replay_record = &run.saved;
+    replay_recording recording{run.saved, stop_after};
     try {
+      recording_scope recording_on(recording);
       at::AutoGradMode grad(true);
       run.outputs.push_back(fn(detached).detach());  // without the replay's graph
-    } catch (...) {
-      replay_record = nullptr;
-      throw;
+    } catch (const replay_stopped&) {
+      run.stopped = true;  // what it has run so far goes with the stack it unwound
     }
-    replay_record = nullptr;
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < keep.size(); ++i) keep[i].detach().copy_(kept_values[i]);
     return run;

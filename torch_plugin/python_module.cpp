@@ -169,13 +169,16 @@ void bind_activation_manager(py::module_& m) {
            [](activation_manager& self, py::function replay, std::vector<c10::DeviceIndex> devices,
               std::vector<at::Tensor> inputs) {
              std::shared_ptr<py::function> fn = keep(std::move(replay));
-             torch_plugin::segment_replay run = [fn](const std::vector<at::Tensor>& resident) {
+             torch_plugin::segment_replay run = [fn](const std::vector<at::Tensor>& resident,
+                                                     std::optional<std::size_t> stop_after) {
                py::gil_scoped_acquire gil;
                torch_plugin::segment_run out;
                {
-                 py::tuple got = (*fn)(resident);  // (saved tensors, output tensors)
+                 // (saved tensors, output tensors, stopped early)
+                 py::tuple got = (*fn)(resident, stop_after);
                  for (py::handle t : got[0]) out.saved.push_back(cpp_only_alias(t.cast<at::Tensor>()));
                  for (py::handle t : got[1]) out.outputs.push_back(cpp_only_alias(t.cast<at::Tensor>()));
+                 out.stopped = got[2].cast<bool>();
                }  // the Python tensors go with the tuple: only `out` holds their storages now
                return out;
              };

@@ -162,33 +162,47 @@ class ActivationManager:
         grads = [args[i].requires_grad for i in at]
         others = [None if isinstance(a, torch.Tensor) else a for a in args]
 
-        def replay(resident):
+        def replay(resident, stop_after):
+            # stop_after: nothing after that many saves is wanted (None: all, and the outputs);
+            # the record hook then stops the run, as torch.utils.checkpoint's early stop does.
             recorded = []
 
             def record(t):
                 recorded.append(t.detach())
+                if len(recorded) == stop_after:
+                    raise _ReplayStopped
                 return None
 
             inputs = list(others)
             for i, t, g in zip(at, resident, grads):
                 inputs[i] = t.detach().requires_grad_(g)
             del resident
-            with _running_stats_kept(_batch_norms(fn)), \
-                    torch.autograd.graph.saved_tensors_hooks(record, lambda _: None), \
-                    torch.enable_grad():
-                out = [t.detach() for t in _tensors_of(fn(*inputs, **kwargs))]
-            return recorded, out  # the outputs without the replay's graph
+            try:
+                with _running_stats_kept(_batch_norms(fn)), \
+                        torch.autograd.graph.saved_tensors_hooks(record, lambda _: None), \
+                        torch.enable_grad():
+                    out = [t.detach() for t in _tensors_of(fn(*inputs, **kwargs))]
+            except _ReplayStopped:
+                return recorded, [], True
+            return recorded, out, False  # the outputs without the replay's graph
 
         self._m.begin_segment(replay, devices, [args[i] for i in at])
         start = time.perf_counter()
-        out = None
+        # Its outputs, so that the next segment's input (or a save after it) can be dropped and
+        # recomputed by this one's replay. Whatever fails before end_segment (the run, or memory
+        # for the list) ends the segment too: an open one would be every later save's lineage.
         try:
             out = fn(*args, **kwargs)
-            return out
-        finally:
-            # Its outputs, so that the next segment's input (or a save after it) can be dropped
-            # and recomputed by this one's replay.
-            self._m.end_segment(time.perf_counter() - start, _tensors_of(out))
+            outputs = _tensors_of(out)
+        except BaseException:
+            self._m.end_segment(time.perf_counter() - start)
+            raise
+        self._m.end_segment(time.perf_counter() - start, outputs)
+        return out
+
+
+class _ReplayStopped(Exception):
+    """Raised by a replay's record hook once it has what the manager asked for."""
 
 
 def _tensors_of(out):
