@@ -37,10 +37,11 @@ RESULT_FIELDS = (
     "model", "config", "ratio", "budget_bytes", "max_resident_bytes", "batch", "precision", "accum",
     "status", "error", "device", "step_ms_median", "step_ms", "first_step_ms", "samples_per_s",
     "ms_per_sample", "peak_reserved", "peak_allocated", "saved_activation_bytes", "alloc_retries",
-    "ooms", "spills", "drops", "restores", "recomputes", "evictions", "prefetches", "bytes_spilled",
-    "bytes_dropped", "bytes_restored", "pressure_calls", "losses", "timeline", "wall_s")
-COUNTERS = ("spills", "drops", "restores", "recomputes", "evictions", "prefetches", "bytes_spilled",
-            "bytes_dropped", "bytes_restored")
+    "ooms", "spills", "drops", "restores", "recomputes", "recomputes_stopped", "evictions",
+    "prefetches", "bytes_spilled", "bytes_dropped", "bytes_restored", "pressure_calls", "losses",
+    "timeline", "wall_s")
+COUNTERS = ("spills", "drops", "restores", "recomputes", "recomputes_stopped", "evictions",
+            "prefetches", "bytes_spilled", "bytes_dropped", "bytes_restored")
 
 
 # ================================================================================================
