@@ -25,6 +25,9 @@ Contract
   (CPU and CUDA) of the original forward, BatchNorm running statistics left as they were, and every
   dropped storage of the segment restored from the recomputation, matched by the order in which the
   segment saved them. Bytes are identical to the original when the segment is deterministic.
+  When none of the segment's outputs is dropped, the replay stops right after the last dropped
+  save still in use (as torch.utils.checkpoint's early stop): what backward has consumed already
+  is not run again (stats: recomputes_stopped).
 - A segment's tensor inputs are held by the manager, not by the replay: a checkpoint boundary is
   evictable once the program lets go of it. Its outputs give a boundary the segment as lineage
   (when not modified in place since), so a boundary can be dropped; a replay restores its inputs
