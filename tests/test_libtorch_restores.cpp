@@ -296,3 +296,47 @@ TEST_CASE("a stopped replay refills what it gave; what it dropped past the stop 
   hout.reset();
   CHECK(manager->stats().registered == 0);
 }
+
+TEST_CASE("a stop that the segment's code catches is still a stop") {
+  // The stop is a std::exception thrown from the pack hook. A segment that catches it and
+  // returns something else (a fallback the first run never took) must not have that taken for
+  // its run: the replay gives back the saves up to the stop only. The pressure in the replay
+  // drops the saves after it, which retain_graph keeps for the second backward: taken from the
+  // fallback's run they failed the size check (or, of the same sizes, would be wrong bytes).
+  enable_libtorch_hooks();
+  constexpr std::int64_t n = 4096;
+  activation_manager* pressure = nullptr;  // set during the replay
+  const auto body = [&pressure](const std::vector<at::Tensor>& in) {
+    if (pressure != nullptr) pressure->evict(std::size_t{1} << 30);
+    const at::Tensor a = in[0].sin();  // saves in[0]
+    try {
+      const at::Tensor b = a * a;      // saves a (twice): the stop is thrown here
+      return b.sin().sin();
+    } catch (const std::exception&) {
+      return a.detach();               // never taken by the first run
+    }
+  };
+  const at::Tensor w0 = at::randn({n});
+  const auto run = [&](const std::shared_ptr<activation_manager>& manager) {
+    at::Tensor w = w0.clone().requires_grad_();
+    at::Tensor loss;
+    {
+      std::optional<activation_scope> scope;
+      if (manager) scope.emplace(manager);
+      loss = (manager ? checkpoint(body, {w * 3}) : body({w * 3})).sum();
+    }
+    if (manager) {
+      REQUIRE(manager->evict(n * sizeof(float)).first == n * sizeof(float));  // LRU: a's save
+      pressure = manager.get();
+    }
+    loss.backward({}, /*retain_graph=*/true);
+    pressure = nullptr;
+    loss.backward();
+    return w.grad();
+  };
+  const at::Tensor reference = run(nullptr);
+  auto manager = activation_manager::make(drop_when_asked(activation_policy::lru));
+  CHECK(at::equal(run(manager), reference));
+  CHECK(manager->stats().recomputes_stopped == 1);
+  CHECK(manager->stats().recomputes >= 2);  // then the saves after the stop, dropped by it
+}

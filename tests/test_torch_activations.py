@@ -228,6 +228,84 @@ class CheckpointRecompute(unittest.TestCase):
         self.assertEqual(acts.stats()["recomputes_stopped"], 1)
         self.assertEqual(tail[0], 1)  # the forward's: the replay stopped before it
 
+    def test_a_replay_run_for_another_segments_input_does_not_stop(self):
+        # Q reads x, the output of P (nested in R). Restoring Q's input replays R, then P; when P
+        # is replayed x is resident and only P's save h dropped, but pressure in P's replay drops
+        # x: a replay that stopped after h left x dropped, and the restore failed ("did not
+        # restore its output"). Only the last replay of a restore stops early now.
+        n = 1024
+        state = {"calls": 0, "acts": None}
+
+        def P(v):
+            state["calls"] += 1
+            if state["calls"] == 3 and state["acts"] is not None:  # P's own replay
+                state["acts"].evict(1 << 30)  # as the allocator's pressure would
+            h = v.sin()  # saves v
+            return h.sin().sum(0).exp()  # saves h, then x (exp saves its result)
+
+        def R(t):
+            return spillway.checkpoint(P, t.exp())  # saves v = t.exp()
+
+        def Q(x):
+            return x.sin().sin()
+
+        w0 = torch.randn(2, n)
+        w = w0.clone().requires_grad_()
+        Q(R(w * 3)).sum().backward()
+        reference, w = w.grad, w0.clone().requires_grad_()
+        state["calls"] = 0
+        with spillway.activations(mode="drop", policy="largest", min_bytes=0,
+                                  max_resident=n * 4) as acts:
+            x = spillway.checkpoint(R, w * 3)
+            loss = spillway.checkpoint(Q, x).sum()
+            del x
+        acts.evict(1 << 30)
+        state["acts"] = acts
+        loss.backward()
+        state["acts"] = None
+        self.assertTrue(torch.equal(w.grad, reference))
+
+    def test_a_stop_inside_torchscript_or_caught_by_the_segment_is_a_stop(self):
+        # TorchScript's interpreter rethrows the stop as a RuntimeError; a segment's own
+        # `except Exception` around an op may catch what reaches it. Either way the replay gives
+        # back the saves up to the stop, never what a fallback ran after it.
+        @torch.jit.script
+        def scripted(t):
+            return t.sin().sin().sin().sin()
+
+        state = {"acts": None}
+
+        def falls_back(t):
+            if state["acts"] is not None:  # the replay: pressure, as the allocator would apply
+                state["acts"].evict(1 << 30)
+            a = t.sin()  # saves t
+            try:
+                b = a * a  # saves a twice: the stop is raised here
+            except Exception:  # a fallback the first run never took
+                b = a.exp()
+            return b.sin().sin()
+
+        n = 4096
+        for name, fn in (("scripted", scripted), ("falls_back", falls_back)):
+            with self.subTest(fn=name):
+                w0 = torch.randn(n)
+                w = w0.clone().requires_grad_()
+                loss = fn(w * 3).sum()
+                loss.backward(retain_graph=True)
+                loss.backward()
+                reference, w = w.grad, w0.clone().requires_grad_()
+                with spillway.activations(mode="drop", policy="lru", min_bytes=0) as acts:
+                    loss = spillway.checkpoint(fn, w * 3).sum()
+                    acts.evict(n * 4)  # LRU: t.sin(), the oldest save with lineage
+                    state["acts"] = acts
+                    # The stop is after a's saves; the pressure in the replay drops the saves
+                    # after it, which retain_graph keeps for the second backward.
+                    loss.backward(retain_graph=True)
+                    state["acts"] = None
+                    loss.backward()
+                self.assertEqual(acts.stats()["recomputes_stopped"], 1)
+                self.assertTrue(torch.equal(w.grad, reference))
+
     def test_checkpoint_outside_activations_is_a_plain_call(self):
         model = mlp(depth=1)
         x = torch.randn(4, 256)

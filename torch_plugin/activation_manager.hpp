@@ -28,7 +28,10 @@
 //   segment is dropped, the replay stops after the last save that is (as torch.utils.checkpoint's
 //   early stop): what backward has consumed already is neither recomputed nor allocated again
 //   (stats: recomputes_stopped); a storage after that point dropped by the replay's own pressure
-//   stays dropped, restored when it is used.
+//   stays dropped, restored when it is used. Only the replay a restore runs last stops early
+//   (one run for another's inputs runs to the end). A binding's replay treats any end of the run
+//   after the stop (the stop's exception wrapped by an interpreter, caught by user code, or a
+//   normal return) as the stop: it gives back the saves up to it, never what ran after.
 // - Segment inputs: begin_segment holds a segment's tensor inputs the way it holds saved storages
 //   (an entry per storage), so once the program lets go of them they are evictable like any saved
 //   activation: a checkpoint boundary is not pinned for the segment's lifetime. A storage that is
@@ -240,7 +243,9 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   void copy_out(entry& e, at::Tensor host);
   void copy_in(entry& e);
   void make_resident(entry& e);
-  void recompute(segment& s, bool nested, std::vector<at::Tensor> inputs);  // inputs: resident
+  // inputs: resident. may_stop: nothing but the dropped members of `s` is wanted from it (no
+  // restore waits on its other outputs or saves), so its replay may stop early (early_stop).
+  void recompute(segment& s, bool nested, std::vector<at::Tensor> inputs, bool may_stop);
   // How many saves a replay of `s` must give back (segment_replay); nullopt: all, and its outputs.
   static std::optional<std::size_t> early_stop(const segment& s, const std::vector<entry*>& members);
   // The segment that returned `in`, if `in` is dropped: replayed, it gives it back.

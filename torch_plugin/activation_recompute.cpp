@@ -137,7 +137,10 @@ void activation_manager::make_resident(entry& e) {
       const std::vector<at::Tensor> held = std::move(f.held);  // let go once it has run
       on_stack.erase(ready);
       stack.pop_back();
-      recompute(*ready, ready != e.lineage.get() || replay_depth_ > 0, std::move(inputs));
+      // Only the last replay may stop early: one below it on the stack can be waiting for any
+      // of this one's outputs or saves, and one dropped past a stop would not come back.
+      recompute(*ready, ready != e.lineage.get() || replay_depth_ > 0, std::move(inputs),
+                /*may_stop=*/stack.empty());
       for (frame& g : stack) {  // its outputs that a frame below reads later: held for it
         for (std::size_t j = g.next; j < g.order.size(); ++j) {
           const segment_input& in = g.s->inputs[g.order[j]];
@@ -180,7 +183,8 @@ void activation_manager::make_resident(entry& e) {
   }
 }
 
-void activation_manager::recompute(segment& s, bool nested, std::vector<at::Tensor> inputs) {
+void activation_manager::recompute(segment& s, bool nested, std::vector<at::Tensor> inputs,
+                                   bool may_stop) {
   // Bounds any recursion: a replay that reads other segments' dropped storages itself.
   if (replay_depth_ >= max_replay_depth) {
     throw std::runtime_error("spillway: recomputing a checkpoint segment needs replays nested " +
@@ -235,9 +239,11 @@ void activation_manager::recompute(segment& s, bool nested, std::vector<at::Tens
     }
   } release_guard{*this, members, refilled};
 
-  const std::optional<std::size_t> stop_after = early_stop(s, members);
+  const std::optional<std::size_t> stop_after =
+      may_stop ? early_stop(s, members) : std::nullopt;
   std::vector<at::Tensor> fresh;
   std::size_t given = members.size();  // the members the replay gave back
+  bool stopped = false;
   {
     const detail::generator_states current = detail::generator_states::capture(s.cuda_devices);
     struct put_back {
@@ -249,9 +255,9 @@ void activation_manager::recompute(segment& s, bool nested, std::vector<at::Tens
     // Aligned with `members`: a replay that saved fewer or more tensors than the first run
     // is caught below by a size, or by the entry it leaves dropped (make_resident).
     if (run.stopped) {
+      stopped = true;
       given = std::min(run.saved.size(), s.saved.size());
       run.outputs.clear();
-      ++counters_.recomputes_stopped;
     }
     fresh = std::move(run.saved);
     fresh.resize(s.saved.size());
@@ -317,6 +323,7 @@ void activation_manager::recompute(segment& s, bool nested, std::vector<at::Tens
   }
   ++counters_.recomputes;
   if (nested) ++counters_.nested_recomputes;
+  if (stopped) ++counters_.recomputes_stopped;
 }
 
 // Where a replay of `s` may stop (segment_replay): after its last save that is dropped and

@@ -19,12 +19,20 @@ namespace {
 thread_local activation_scope* innermost = nullptr;
 
 // While a checkpoint segment is replayed on this thread, what it saves is collected here instead,
-// up to `stop_after` saves (segment_replay), where the pack hook throws replay_stopped.
+// up to `stop_after` saves (segment_replay), where the pack hook throws replay_stopped (and again
+// at every later pack, should the segment's code catch it).
 struct replay_recording {
   std::vector<at::Tensor>& saved;
   std::optional<std::size_t> stop_after;
+  bool stopped = false;
 };
-struct replay_stopped {};
+// A std::exception, so that the autograd engine's handlers take it like any error should it be
+// thrown inside a backward the segment runs.
+struct replay_stopped : std::exception {
+  const char* what() const noexcept override {
+    return "spillway: a checkpoint segment's replay stopped early (not an error)";
+  }
+};
 thread_local replay_recording* replay_record = nullptr;
 
 // Sets replay_record for one replay and puts back the one it found (a replay in a replay).
@@ -49,8 +57,12 @@ class spillway_saved_hooks final : public torch::autograd::SavedVariableHooks {
     if (replay_record != nullptr) {
       // A replay's graph is never run backward: it keeps nothing, or its saved tensors would
       // live (and hold a second copy of the segment's memory) as long as its output does.
+      if (replay_record->stopped) throw replay_stopped{};
       replay_record->saved.push_back(tensor.detach());
-      if (replay_record->saved.size() == replay_record->stop_after) throw replay_stopped{};
+      if (replay_record->saved.size() == replay_record->stop_after) {
+        replay_record->stopped = true;
+        throw replay_stopped{};
+      }
       return;
     }
     if (!manager_) {
@@ -149,8 +161,15 @@ at::Tensor checkpoint(const segment_function& fn, const std::vector<at::Tensor>&
       recording_scope recording_on(recording);
       at::AutoGradMode grad(true);
       run.outputs.push_back(fn(detached).detach());  // without the replay's graph
-    } catch (const replay_stopped&) {
-      run.stopped = true;  // what it has run so far goes with the stack it unwound
+    } catch (...) {
+      // Once stopped, however the run ended (the stop, or an error made of it), it is a stop;
+      // what it ran so far goes with the stack it unwound.
+      if (!recording.stopped) throw;
+    }
+    if (recording.stopped) {  // also when fn caught the stop and returned
+      run.stopped = true;
+      run.saved.resize(*stop_after);
+      run.outputs.clear();
     }
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < keep.size(); ++i) keep[i].detach().copy_(kept_values[i]);

@@ -168,11 +168,18 @@ class ActivationManager:
         def replay(resident, stop_after):
             # stop_after: nothing after that many saves is wanted (None: all, and the outputs);
             # the record hook then stops the run, as torch.utils.checkpoint's early stop does.
+            # However the run ends after that (the stop's exception, wrapped by TorchScript's
+            # interpreter or caught by the segment's own code, or a normal return), it is a stop:
+            # the saves up to it are given back, never what ran after.
             recorded = []
+            stop = []  # set once the stop is raised
 
             def record(t):
+                if stop:
+                    raise _ReplayStopped  # the first one was caught: stop again
                 recorded.append(t.detach())
                 if len(recorded) == stop_after:
+                    stop.append(True)
                     raise _ReplayStopped
                 return None
 
@@ -185,8 +192,13 @@ class ActivationManager:
                         torch.autograd.graph.saved_tensors_hooks(record, lambda _: None), \
                         torch.enable_grad():
                     out = [t.detach() for t in _tensors_of(fn(*inputs, **kwargs))]
-            except _ReplayStopped:
-                return recorded, [], True
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException:
+                if not stop:
+                    raise
+            if stop:
+                return recorded[:stop_after], [], True
             return recorded, out, False  # the outputs without the replay's graph
 
         self._m.begin_segment(replay, devices, [args[i] for i in at])
@@ -204,8 +216,9 @@ class ActivationManager:
         return out
 
 
-class _ReplayStopped(Exception):
-    """Raised by a replay's record hook once it has what the manager asked for."""
+class _ReplayStopped(BaseException):
+    """Raised by a replay's record hook once it has what the manager asked for (a BaseException,
+    so that a segment's `except Exception` does not take it for its own error)."""
 
 
 def _tensors_of(out):
