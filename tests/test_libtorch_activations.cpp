@@ -16,6 +16,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <cstring>
+#include <limits>
 #include <new>
 #include <optional>
 #include <stdexcept>
@@ -158,6 +159,36 @@ TEST_CASE("spilled activations come back identical, prefetched in backward order
   CHECK(s.drops == 0);
 }
 
+TEST_CASE("the link's bandwidth is measured from the manager's own copies, unless it is given") {
+  // CPU storages: each copy is timed on the host clock (activation_link.hpp).
+  constexpr std::int64_t n = 1 << 18;  // 1 MiB each
+  for (const bool given : {false, true}) {
+    CAPTURE(given);
+    activation_options o;
+    o.mode = activation_mode::spill;
+    if (given) o.link_bandwidth = 3e9;
+    auto manager = activation_manager::make(o);
+    const activation_stats before = manager->stats();
+    CHECK(before.spill_bytes_per_s == (given ? 3'000'000'000u : 25'000'000'000u));
+    CHECK(before.restore_bytes_per_s == before.spill_bytes_per_s);
+    std::vector<std::shared_ptr<activation_manager::saved>> handles;
+    for (int i = 0; i < 8; ++i) handles.push_back(manager->pack(at::full({n}, float(i))));
+    REQUIRE(manager->evict(std::size_t{1} << 30).first == 8 * n * sizeof(float));
+    for (int i = 0; i < 8; ++i) CHECK(at::equal(manager->unpack(*handles[i]), at::full({n}, float(i))));
+    const activation_stats s = manager->stats();
+    REQUIRE(s.restores == 8);
+    if (given) {
+      CHECK(s.spill_bytes_per_s == 3'000'000'000u);
+      CHECK(s.restore_bytes_per_s == 3'000'000'000u);
+    } else {  // memcpy's speed on this machine: anything but the starting guess
+      CHECK(s.spill_bytes_per_s > 0);
+      CHECK(s.spill_bytes_per_s != 25'000'000'000u);
+      CHECK(s.restore_bytes_per_s > 0);
+      CHECK(s.restore_bytes_per_s != 25'000'000'000u);
+    }
+  }
+}
+
 TEST_CASE("hybrid mode without pressure evicts nothing") {
   enable_libtorch_hooks();
   auto manager = activation_manager::make({});
@@ -215,6 +246,11 @@ TEST_CASE("bad options name the value") {
   CHECK_THROWS_AS(parse_activation_policy("mru"), spillway::invalid_argument);
   activation_options o;
   o.link_bandwidth = 0;
+  CHECK_THROWS_WITH_AS(activation_manager::make(o),
+                       "spillway.activations: link_bandwidth 0.000000 is invalid: expected bytes "
+                       "per second > 0, or None to measure it",
+                       spillway::invalid_argument);
+  o.link_bandwidth = std::numeric_limits<double>::infinity();
   CHECK_THROWS_AS(activation_manager::make(o), spillway::invalid_argument);
   auto m = activation_manager::make({});
   CHECK_THROWS_AS(m->end_segment(0), spillway::invalid_argument);

@@ -359,6 +359,24 @@ class Spill(unittest.TestCase):
         self.assertGreater(stats["drops"], 0)
         self.assertGreater(stats["recomputes"], 0)
 
+    def test_the_link_is_measured_from_the_spills_unless_given(self):
+        # Each CPU copy is timed; a given link_bandwidth is kept as it is.
+        for given in (None, 3e9):
+            with self.subTest(link_bandwidth=given):
+                x = torch.randn(1 << 18, requires_grad=True)
+                with spillway.activations(mode="spill", min_bytes=0, link_bandwidth=given) as acts:
+                    y = (x * 2).sin()  # saves x * 2, which only autograd holds
+                    self.assertGreater(acts.evict(1 << 30)[0], 0)
+                    y.sum().backward()
+                stats = acts.stats()
+                self.assertEqual(stats["restores"], stats["spills"])
+                if given is None:
+                    self.assertNotEqual(stats["spill_bytes_per_s"], 25_000_000_000)
+                    self.assertNotEqual(stats["restore_bytes_per_s"], 25_000_000_000)
+                else:
+                    self.assertEqual(stats["spill_bytes_per_s"], 3_000_000_000)
+                self.assertNotIn("activations.spill_bytes_per_s", spillway.stats())  # per manager
+
     def test_entries_are_released_after_backward(self):
         model = mlp(depth=2)
         with spillway.activations(max_resident=0, mode="spill", min_bytes=0) as acts:

@@ -67,7 +67,8 @@ bool activation_manager::droppable(const entry& e) const {
 }
 
 std::pair<double, bool> activation_manager::restore_cost(entry& e) {
-  const double transfer = 2.0 * static_cast<double>(e.nbytes) / options_.link_bandwidth;
+  const double transfer =
+      link_.spill_seconds(e.nbytes, e.device.is_cuda() ? e.device.index() : -1);
   if (!droppable(e) || options_.mode == activation_mode::spill) return {transfer, false};
   // Its segment's replay, and those of the dropped segments before it that it needs (a few back:
   // enough to tell a drop that starts a chain of replays from one that does not).
@@ -144,6 +145,7 @@ std::pair<std::size_t, std::size_t> activation_manager::evict(std::size_t wanted
                                                               const device_allocator* memory_of) {
   std::lock_guard lock(mutex_);
   evict_timer timer{counters_.evict_ns};
+  note_copies();  // the link as it is now: what spills cost
   std::vector<entry*> tried;    // could not be evicted by this call
   std::vector<double> scores;  // the policy's, once per sampled victim
   std::size_t freed = 0;
@@ -181,6 +183,7 @@ std::pair<std::size_t, std::size_t> activation_manager::evict_for(const pressure
                                                                   const device_allocator& memory) {
   std::lock_guard lock(mutex_);
   evict_timer timer{counters_.evict_ns};
+  note_copies();  // the link as it is now: what spills cost
   std::vector<entry*> tried;  // could not be evicted by this call
   const double now = now_seconds();
   const std::size_t enough = std::max({request.bytes, request.shortfall, std::size_t{1}});

@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "activation_manager_impl.hpp"
 #include "spillway/errors.hpp"
@@ -61,7 +62,7 @@ activation_policy parse_activation_policy(std::string_view name) {
 }
 
 std::vector<std::pair<std::string, std::uint64_t>> activation_stats::fields() const {
-  return {{"packed", packed},           {"evictions", evictions},
+  std::vector<std::pair<std::string, std::uint64_t>> out{{"packed", packed},           {"evictions", evictions},
           {"spills", spills},           {"drops", drops},
           {"restores", restores},       {"recomputes", recomputes},
           {"recompute_moves", recompute_moves}, {"recomputes_stopped", recomputes_stopped},
@@ -73,16 +74,20 @@ std::vector<std::pair<std::string, std::uint64_t>> activation_stats::fields() co
           {"registered", registered},
           {"resident_bytes", resident_bytes}, {"spilled_bytes", spilled_bytes},
           {"dropped_bytes", dropped_bytes}};
+  if (spill_bytes_per_s != 0) out.emplace_back("spill_bytes_per_s", spill_bytes_per_s);
+  if (restore_bytes_per_s != 0) out.emplace_back("restore_bytes_per_s", restore_bytes_per_s);
+  return out;
 }
 
 // --- lifetime ------------------------------------------------------------------------------------
 
 std::shared_ptr<activation_manager> activation_manager::make(activation_options options,
                                                              plugin_allocator* pressure_source) {
-  if (!(options.link_bandwidth > 0)) {
+  if (options.link_bandwidth &&
+      !(*options.link_bandwidth > 0 && std::isfinite(*options.link_bandwidth))) {
     throw invalid_argument("spillway.activations: link_bandwidth " +
-                           std::to_string(options.link_bandwidth) +
-                           " is invalid: expected bytes per second > 0");
+                           std::to_string(*options.link_bandwidth) +
+                           " is invalid: expected bytes per second > 0, or None to measure it");
   }
   std::shared_ptr<activation_manager> m(new activation_manager(options, pressure_source));
   if (pressure_source != nullptr) {
@@ -106,7 +111,10 @@ std::shared_ptr<activation_manager> activation_manager::make(activation_options 
 }
 
 activation_manager::activation_manager(activation_options options, plugin_allocator* pressure_source)
-    : options_(options), pressure_source_(pressure_source) {}
+    : options_(options),
+      pressure_source_(pressure_source),
+      link_(options.link_bandwidth.value_or(activation_options::default_link_bandwidth),
+            /*fixed=*/options.link_bandwidth.has_value()) {}
 
 activation_manager::~activation_manager() {
   close();
@@ -314,6 +322,8 @@ activation_stats activation_manager::stats() const {
   s.registered = entries_.size();
   s.resident_bytes = resident_bytes_;
   s.spilled_bytes = spilled_bytes_;
+  s.spill_bytes_per_s = static_cast<std::uint64_t>(link_.bytes_per_s(link_direction::to_host));
+  s.restore_bytes_per_s = static_cast<std::uint64_t>(link_.bytes_per_s(link_direction::to_device));
   for (const auto& [key, e] : entries_) {
     if (e->state == entry_state::dropped) s.dropped_bytes += e->nbytes;
   }

@@ -16,7 +16,11 @@
 //   that it is freed in stream order after the copy; for CPU torch's default CPU allocator's,
 //   never an installed one, which may be the budget spilled from) or drops (only for storages a
 //   checkpoint segment saved: the segment is their lineage). Per storage, by cost: the segment's
-//   measured forward time against 2 x bytes / link_bandwidth. Modes spill and drop force one kind.
+//   measured forward time against the spill's: its wait behind the copies to host memory still
+//   queued on the device's copy engine, its own copy out and the copy back, at the link's
+//   bandwidth in each direction, measured from the manager's own copies (link_bandwidth until
+//   the first, or always if set: activation_link.hpp; stats: spill_bytes_per_s,
+//   restore_bytes_per_s). Modes spill and drop force one kind.
 // - unpack(handle) makes the storage resident and returns a fresh alias (so the storage is not
 //   evictable while autograd uses it): a spilled one is copied back on a host-to-device stream that
 //   the current stream then waits for; a dropped one is recomputed by its segment's replay, run
@@ -97,6 +101,7 @@
 #include <utility>
 #include <vector>
 
+#include "activation_link.hpp"
 #include "plugin_allocator.hpp"
 
 namespace spillway::torch_plugin {
@@ -113,7 +118,10 @@ struct activation_options {
   activation_policy policy = activation_policy::dtr;
   std::size_t prefetch = 2;
   std::size_t min_bytes = std::size_t{64} << 10;
-  double link_bandwidth = 25e9;             // host link, bytes per second
+  // The host link's bytes per second, each way; none: measured from the manager's copies,
+  // default_link_bandwidth until the first.
+  std::optional<double> link_bandwidth;
+  static constexpr double default_link_bandwidth = 25e9;
   std::optional<std::size_t> max_spilled;   // host bytes spilled copies may hold; none: no cap
   // Where spilled copies of CPU storages go; nullptr: torch's default CPU allocator (never the
   // one installed, see copy_out). CUDA storages always spill to pinned memory.
@@ -130,6 +138,9 @@ struct activation_stats {
                 pressure_calls = 0,
                 evict_ns = 0;  // host time in evict and the pressure handler: choice and eviction
   std::uint64_t registered = 0, resident_bytes = 0, spilled_bytes = 0, dropped_bytes = 0;
+  // The link's bandwidth the manager weighs spills by, each way (activation_link.hpp); a
+  // manager's own, not summed into totals() (0 there, and then not listed by fields()).
+  std::uint64_t spill_bytes_per_s = 0, restore_bytes_per_s = 0;
   std::vector<std::pair<std::string, std::uint64_t>> fields() const;  // name, value
 };
 
@@ -242,6 +253,7 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   at::Tensor spill_buffer(const entry& e);  // undefined: no host memory for it
   void copy_out(entry& e, at::Tensor host);
   void copy_in(entry& e);
+  void note_copies();  // samples the link's completed CUDA copies (activation_link.hpp)
   void make_resident(entry& e);
   // inputs: resident. may_stop: nothing but the dropped members of `s` is wanted from it (no
   // restore waits on its other outputs or saves), so its replay may stop early (early_stop).
@@ -271,6 +283,16 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   std::vector<entry*> resident_;
   std::size_t resident_bytes_ = 0;  // theirs
   std::size_t spilled_bytes_ = 0;  // held by spilled copies in host memory
+  link_meter link_;
+  // CUDA copies not sampled yet, with timing events around each; room is reserved before a copy
+  // is queued, so that listing it never allocates.
+  struct timed_copy {
+    c10::DeviceIndex device;
+    link_direction direction;
+    std::size_t bytes;
+    c10::Event start, end;
+  };
+  std::vector<timed_copy> timed_copies_;
   int replay_depth_ = 0;           // replays running on the thread that holds mutex_
   std::uint64_t sample_state_ = 0x2545F4914F6CDD1DULL;  // SplitMix64: victims' samples
   activation_stats counters_;

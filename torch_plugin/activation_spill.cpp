@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -55,7 +56,37 @@ void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& 
   waiter.unwrap().wait(ready);
 }
 
+// An event that can be timed (PyTorch's default disables timing), recorded on `stream` now.
+c10::Event timing_event(const c10::cuda::CUDAStream& stream) {
+  c10::Event event(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+  event.record(stream.unwrap());
+  return event;
+}
+
+// Seconds on the host clock since `start`: a CPU copy's time (it is synchronous).
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace
+
+// Each completed CUDA copy is a sample of the link; a copy to host memory leaves the copy
+// engine's queue. The copies of one stream complete in order, but the list mixes streams and
+// devices: each is asked.
+void activation_manager::note_copies() {
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < timed_copies_.size(); ++i) {
+    timed_copy& c = timed_copies_[i];
+    if (!c.end.query()) {
+      if (kept != i) timed_copies_[kept] = std::move(c);
+      ++kept;
+      continue;
+    }
+    link_.sample(c.direction, c.bytes, c.start.elapsedTime(c.end) / 1e3);
+    if (c.direction == link_direction::to_host) link_.copy_done(c.device, c.bytes);
+  }
+  timed_copies_.erase(timed_copies_.begin() + static_cast<std::ptrdiff_t>(kept), timed_copies_.end());
+}
 
 at::Tensor activation_manager::spill_buffer(const entry& e) {
   if (options_.max_spilled && spilled_bytes_ + e.nbytes > *options_.max_spilled) return {};
@@ -70,11 +101,20 @@ void activation_manager::copy_out(entry& e, at::Tensor host) {
   at::Tensor source = byte_view(e.storage, e.nbytes);
   e.host = std::move(host);
   if (!e.device.is_cuda()) {
+    const auto start = std::chrono::steady_clock::now();
     e.host.copy_(source);
+    link_.sample(link_direction::to_host, e.nbytes, seconds_since(start));
     return;
   }
-  auto d2h = copy_streams(e.device.index()).first;
-  wait_for(d2h, c10::cuda::getCurrentCUDAStream(e.device.index()));
+  note_copies();
+  const c10::DeviceIndex device = e.device.index();
+  link_.reserve_device(device);  // room first: listing the copy below allocates nothing
+  if (timed_copies_.size() == timed_copies_.capacity()) {
+    timed_copies_.reserve(2 * timed_copies_.size() + 8);
+  }
+  auto d2h = copy_streams(device).first;
+  wait_for(d2h, c10::cuda::getCurrentCUDAStream(device));
+  c10::Event start = timing_event(d2h);
   {
     c10::cuda::CUDAStreamGuard guard(d2h);
     e.host.copy_(source, /*non_blocking=*/true);
@@ -82,6 +122,8 @@ void activation_manager::copy_out(entry& e, at::Tensor host) {
   source.record_stream(d2h.unwrap());  // the block is not reused before the copy has read it
   e.copy.emplace(c10::DeviceType::CUDA);
   e.copy->record(d2h.unwrap());
+  timed_copies_.push_back({device, link_direction::to_host, e.nbytes, std::move(start), timing_event(d2h)});
+  link_.copy_queued(device, e.nbytes);
 }
 
 
@@ -92,9 +134,14 @@ void activation_manager::copy_in(entry& e) {
   try {
     at::Tensor target = byte_view(e.storage, e.nbytes);
     if (e.device.is_cuda()) {
+      note_copies();
+      if (timed_copies_.size() == timed_copies_.capacity()) {
+        timed_copies_.reserve(2 * timed_copies_.size() + 8);  // room first, as in copy_out
+      }
       auto h2d = copy_streams(e.device.index()).second;
       if (e.copy) h2d.unwrap().wait(*e.copy);  // the spill's copy has completed
       wait_for(h2d, c10::cuda::getCurrentCUDAStream(e.device.index()));  // the new block is ready
+      c10::Event start = timing_event(h2d);
       {
         c10::cuda::CUDAStreamGuard guard(h2d);
         target.copy_(e.host, /*non_blocking=*/true);  // the pinned buffer is kept until done
@@ -103,9 +150,14 @@ void activation_manager::copy_in(entry& e) {
       target.record_stream(h2d.unwrap());
       c10::Event done(c10::DeviceType::CUDA);
       done.record(h2d.unwrap());  // unpack makes the compute stream wait for it
+      c10::Event end = timing_event(h2d);
       e.copy = std::move(done);   // the spill's event is kept until nothing can fail
+      timed_copies_.push_back({e.device.index(), link_direction::to_device, e.nbytes,
+                               std::move(start), std::move(end)});
     } else {
+      const auto start = std::chrono::steady_clock::now();
       target.copy_(e.host);
+      link_.sample(link_direction::to_device, e.nbytes, seconds_since(start));
     }
   } catch (...) {
     // Host memory ran out on the way (Note [Host out of memory]): the entry stays spilled, with

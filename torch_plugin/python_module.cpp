@@ -134,7 +134,8 @@ void bind_activation_manager(py::module_& m) {
   py::class_<activation_manager, std::shared_ptr<activation_manager>>(m, "ActivationManager")
       .def(py::init([](std::optional<std::size_t> max_resident, const std::string& mode,
                        const std::string& policy, std::size_t prefetch, std::size_t min_bytes,
-                       double link_bandwidth, std::optional<std::size_t> max_spilled) {
+                       std::optional<double> link_bandwidth,
+                       std::optional<std::size_t> max_spilled) {
              torch_plugin::activation_options o;
              o.max_resident = max_resident;
              o.mode = torch_plugin::parse_activation_mode(mode);

@@ -18,8 +18,10 @@ Contract
   valid and sees the bytes again once restored. It either spills (copies the bytes to host memory,
   pinned for CUDA, on a copy stream, and frees the device memory in stream order after the copy) or
   drops (frees it; only for activations of a spillway.checkpoint segment, whose lineage is the
-  segment). The choice is per storage, by cost: the segment's measured forward time against
-  2 x bytes / the host-link bandwidth. Modes "spill" and "drop" force one kind.
+  segment). The choice is per storage, by cost: the segment's measured forward time against the
+  spill's: its wait behind the copies to host still queued on the copy engine, its copy out and
+  its copy back, at the host link's bandwidth measured from the manager's own copies (or
+  `link_bandwidth` if given). Modes "spill" and "drop" force one kind.
 - Unpack (backward) makes the storage resident: a spilled one is copied back (the compute stream
   waits for the copy); a dropped one is recomputed by re-running its segment with the RNG state
   (CPU and CUDA) of the original forward, BatchNorm running statistics left as they were, and every
@@ -103,7 +105,7 @@ class ActivationManager:
     """The saved activations of one `activations()` block (see the module docstring)."""
 
     def __init__(self, max_resident=None, mode="hybrid", policy=None, prefetch=2,
-                 min_bytes=1 << 16, link_bandwidth=25e9, max_spilled=None):
+                 min_bytes=1 << 16, link_bandwidth=None, max_spilled=None):
         from . import parse_size
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"spillway.activations: prefetch {prefetch!r} is invalid: expected an "
@@ -112,7 +114,8 @@ class ActivationManager:
             raise ValueError(f"spillway.activations: min_bytes {min_bytes!r} is invalid: expected "
                              "an int >= 0")
         self._m = _C.ActivationManager(parse_size(max_resident), mode, policy or _default_policy,
-                                       prefetch, min_bytes, float(link_bandwidth),
+                                       prefetch, min_bytes,
+                                       None if link_bandwidth is None else float(link_bandwidth),
                                        parse_size(max_spilled))
 
     def stats(self):
@@ -231,14 +234,15 @@ def _tensors_of(out):
 
 
 def activations(max_resident=None, mode="hybrid", policy=None, prefetch=2, min_bytes=1 << 16,
-                link_bandwidth=25e9, max_spilled=None):
+                link_bandwidth=None, max_spilled=None):
     """A context manager: activations saved for backward inside it are evictable (module docstring).
 
     max_resident: bytes (or "512MiB") of evictable saved activations kept resident; None: evict only under
     the installed allocator's budget. mode: "hybrid", "spill" or "drop". policy: "dtr", "lru",
     "largest" (default: spillway.install's). prefetch: spilled activations copied back ahead of use.
     min_bytes: smaller tensors are saved as they are. link_bandwidth: host link bytes per second for
-    the spill-or-recompute choice. max_spilled: bytes (or "4GiB") of host memory (pinned, for CUDA)
+    the spill-or-recompute choice; None: measured from the manager's own copies, each way (25e9
+    until the first; stats: spill_bytes_per_s, restore_bytes_per_s). max_spilled: bytes (or "4GiB") of host memory (pinned, for CUDA)
     spilled copies may hold; None: no cap. A spill over it, or one whose host buffer cannot be
     allocated, is not made: the activation is dropped instead when a checkpoint segment can
     recompute it, else kept and the next one tried. Returns the ActivationManager."""
