@@ -67,8 +67,7 @@ bool activation_manager::droppable(const entry& e) const {
 }
 
 std::pair<double, bool> activation_manager::restore_cost(entry& e) {
-  const double transfer =
-      link_.spill_seconds(e.nbytes, e.device.is_cuda() ? e.device.index() : -1);
+  const double transfer = link_.spill_seconds(e.nbytes, e.device.is_cuda() ? e.device.index() : -1);
   if (!droppable(e) || options_.mode == activation_mode::spill) return {transfer, false};
   // Its segment's replay, and those of the dropped segments before it that it needs (a few back:
   // enough to tell a drop that starts a chain of replays from one that does not).

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "activation_manager_impl.hpp"
 #include "spillway/errors.hpp"
@@ -21,6 +22,13 @@ std::mutex& registry_mutex = *new std::mutex;
 std::vector<std::weak_ptr<activation_manager>>& registry =
     *new std::vector<std::weak_ptr<activation_manager>>;
 activation_stats& retired = *new activation_stats;
+
+// A rate as a counter: rounded down, within the counter's range (a configured 1e30 B/s too).
+std::uint64_t saturated(double v) noexcept {
+  if (!(v > 0)) return 0;
+  if (v >= 18446744073709551615.0) return std::numeric_limits<std::uint64_t>::max();
+  return static_cast<std::uint64_t>(v);
+}
 
 void add_counters(activation_stats& into, const activation_stats& s) {
   into.packed += s.packed;
@@ -74,8 +82,10 @@ std::vector<std::pair<std::string, std::uint64_t>> activation_stats::fields() co
           {"registered", registered},
           {"resident_bytes", resident_bytes}, {"spilled_bytes", spilled_bytes},
           {"dropped_bytes", dropped_bytes}};
-  if (spill_bytes_per_s != 0) out.emplace_back("spill_bytes_per_s", spill_bytes_per_s);
-  if (restore_bytes_per_s != 0) out.emplace_back("restore_bytes_per_s", restore_bytes_per_s);
+  if (has_link) {
+    out.emplace_back("spill_bytes_per_s", spill_bytes_per_s);
+    out.emplace_back("restore_bytes_per_s", restore_bytes_per_s);
+  }
   return out;
 }
 
@@ -87,7 +97,8 @@ std::shared_ptr<activation_manager> activation_manager::make(activation_options 
       !(*options.link_bandwidth > 0 && std::isfinite(*options.link_bandwidth))) {
     throw invalid_argument("spillway.activations: link_bandwidth " +
                            std::to_string(*options.link_bandwidth) +
-                           " is invalid: expected bytes per second > 0, or None to measure it");
+                           " is invalid: expected bytes per second > 0, or none (Python: None) to "
+                           "measure it");
   }
   std::shared_ptr<activation_manager> m(new activation_manager(options, pressure_source));
   if (pressure_source != nullptr) {
@@ -322,8 +333,9 @@ activation_stats activation_manager::stats() const {
   s.registered = entries_.size();
   s.resident_bytes = resident_bytes_;
   s.spilled_bytes = spilled_bytes_;
-  s.spill_bytes_per_s = static_cast<std::uint64_t>(link_.bytes_per_s(link_direction::to_host));
-  s.restore_bytes_per_s = static_cast<std::uint64_t>(link_.bytes_per_s(link_direction::to_device));
+  s.has_link = true;
+  s.spill_bytes_per_s = saturated(link_.bytes_per_s(link_device_, link_direction::to_host));
+  s.restore_bytes_per_s = saturated(link_.bytes_per_s(link_device_, link_direction::to_device));
   for (const auto& [key, e] : entries_) {
     if (e->state == entry_state::dropped) s.dropped_bytes += e->nbytes;
   }

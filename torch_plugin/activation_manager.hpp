@@ -18,9 +18,9 @@
 //   checkpoint segment saved: the segment is their lineage). Per storage, by cost: the segment's
 //   measured forward time against the spill's: its wait behind the copies to host memory still
 //   queued on the device's copy engine, its own copy out and the copy back, at the link's
-//   bandwidth in each direction, measured from the manager's own copies (link_bandwidth until
-//   the first, or always if set: activation_link.hpp; stats: spill_bytes_per_s,
-//   restore_bytes_per_s). Modes spill and drop force one kind.
+//   bandwidth in each direction, measured from the copies of every manager of the process, per
+//   device (link_bandwidth until the first, or always if set: activation_link.hpp; stats:
+//   spill_bytes_per_s, restore_bytes_per_s). Modes spill and drop force one kind.
 // - unpack(handle) makes the storage resident and returns a fresh alias (so the storage is not
 //   evictable while autograd uses it): a spilled one is copied back on a host-to-device stream that
 //   the current stream then waits for; a dropped one is recomputed by its segment's replay, run
@@ -138,9 +138,10 @@ struct activation_stats {
                 pressure_calls = 0,
                 evict_ns = 0;  // host time in evict and the pressure handler: choice and eviction
   std::uint64_t registered = 0, resident_bytes = 0, spilled_bytes = 0, dropped_bytes = 0;
-  // The link's bandwidth the manager weighs spills by, each way (activation_link.hpp); a
-  // manager's own, not summed into totals() (0 there, and then not listed by fields()).
+  // The bandwidth the manager weighs spills by, each way, on the link of its last copy
+  // (activation_link.hpp): a manager's, listed by fields() only then (has_link), not in totals().
   std::uint64_t spill_bytes_per_s = 0, restore_bytes_per_s = 0;
+  bool has_link = false;
   std::vector<std::pair<std::string, std::uint64_t>> fields() const;  // name, value
 };
 
@@ -284,13 +285,18 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   std::size_t resident_bytes_ = 0;  // theirs
   std::size_t spilled_bytes_ = 0;  // held by spilled copies in host memory
   link_meter link_;
-  // CUDA copies not sampled yet, with timing events around each; room is reserved before a copy
-  // is queued, so that listing it never allocates.
+  int link_device_ = -1;  // of its last copy: the link stats() reports
+  // CUDA copies not sampled yet, in the order they were queued, with timing events around each
+  // and, for a copy to host memory, the event its copy stream waits for (once complete, the copy
+  // holds the copy engine: activation_link.hpp, occupancy). Room is reserved before a copy is
+  // queued, so that listing it never allocates.
   struct timed_copy {
     c10::DeviceIndex device;
     link_direction direction;
     std::size_t bytes;
     c10::Event start, end;
+    std::optional<c10::Event> ready;
+    bool eligible = false;  // `ready` is known complete
   };
   std::vector<timed_copy> timed_copies_;
   int replay_depth_ = 0;           // replays running on the thread that holds mutex_

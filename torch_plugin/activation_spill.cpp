@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <array>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -49,11 +50,12 @@ at::Tensor host_bytes(std::size_t nbytes, bool pinned, c10::Allocator* allocator
                                    std::nullopt);
 }
 
-// `waiter` waits for the work queued on `stream` so far.
-void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& stream) {
+// `waiter` waits for the work queued on `stream` so far; returns the event it waits for.
+c10::Event wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& stream) {
   c10::Event ready(c10::DeviceType::CUDA);
   ready.record(stream.unwrap());
   waiter.unwrap().wait(ready);
+  return ready;
 }
 
 // An event that can be timed (PyTorch's default disables timing), recorded on `stream` now.
@@ -70,22 +72,50 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-// Each completed CUDA copy is a sample of the link; a copy to host memory leaves the copy
-// engine's queue. The copies of one stream complete in order, but the list mixes streams and
-// devices: each is asked.
+// Each completed CUDA copy is a sample of its link, and leaves the list; the bytes of the copies to
+// host memory whose wait is over and which have not completed are each device's occupancy. A
+// stream's copies complete in order, and the compute stream's waits are passed in order, so the
+// scan asks no more of a stream once one of its copies is not complete (or, for the waits, of a
+// device once one has not been passed): its cost in event queries is the copies completed since
+// the last scan plus a few per device, not the length of the list.
 void activation_manager::note_copies() {
-  std::size_t kept = 0;
-  for (std::size_t i = 0; i < timed_copies_.size(); ++i) {
-    timed_copy& c = timed_copies_[i];
-    if (!c.end.query()) {
+  if (timed_copies_.empty()) return;
+  constexpr std::size_t devices = link_estimates::max_devices;
+  std::array<bool, 2 * devices> busy{};     // (device, direction): a copy not complete seen
+  std::array<bool, devices> waiting{};      // device: a copy still waiting for compute seen
+  std::array<std::size_t, devices> occupied{};
+  std::size_t kept = 0, i = 0;
+  try {
+    for (; i < timed_copies_.size(); ++i) {
+      timed_copy& c = timed_copies_[i];
+      const auto d = static_cast<std::size_t>(c.device) % devices;
+      const std::size_t stream = 2 * d + (c.direction == link_direction::to_host ? 0 : 1);
+      if (!busy[stream]) {
+        if (c.end.query()) {  // complete: sampled, and not kept
+          link_.sample(c.device, c.direction, c.bytes, c.start.elapsedTime(c.end) / 1e3);
+          continue;
+        }
+        busy[stream] = true;
+      }
+      if (c.direction == link_direction::to_host) {
+        if (!c.eligible && !waiting[d] && c.ready) {
+          c.eligible = c.ready->query();
+          waiting[d] = !c.eligible;
+        }
+        if (c.eligible) occupied[d] += c.bytes;
+      }
       if (kept != i) timed_copies_[kept] = std::move(c);
       ++kept;
-      continue;
     }
-    link_.sample(c.direction, c.bytes, c.start.elapsedTime(c.end) / 1e3);
-    if (c.direction == link_direction::to_host) link_.copy_done(c.device, c.bytes);
+  } catch (...) {  // a CUDA error: the copies sampled already go, the rest stay listed
+    timed_copies_.erase(timed_copies_.begin() + static_cast<std::ptrdiff_t>(kept),
+                        timed_copies_.begin() + static_cast<std::ptrdiff_t>(i));
+    throw;
   }
   timed_copies_.erase(timed_copies_.begin() + static_cast<std::ptrdiff_t>(kept), timed_copies_.end());
+  for (std::size_t device = 0; device < link_.devices() && device < devices; ++device) {
+    link_.set_occupied(static_cast<int>(device), occupied[device]);
+  }
 }
 
 at::Tensor activation_manager::spill_buffer(const entry& e) {
@@ -103,17 +133,17 @@ void activation_manager::copy_out(entry& e, at::Tensor host) {
   if (!e.device.is_cuda()) {
     const auto start = std::chrono::steady_clock::now();
     e.host.copy_(source);
-    link_.sample(link_direction::to_host, e.nbytes, seconds_since(start));
+    link_.sample(-1, link_direction::to_host, e.nbytes, seconds_since(start));
+    link_device_ = -1;
     return;
   }
-  note_copies();
   const c10::DeviceIndex device = e.device.index();
   link_.reserve_device(device);  // room first: listing the copy below allocates nothing
   if (timed_copies_.size() == timed_copies_.capacity()) {
     timed_copies_.reserve(2 * timed_copies_.size() + 8);
   }
   auto d2h = copy_streams(device).first;
-  wait_for(d2h, c10::cuda::getCurrentCUDAStream(device));
+  c10::Event ready = wait_for(d2h, c10::cuda::getCurrentCUDAStream(device));
   c10::Event start = timing_event(d2h);
   {
     c10::cuda::CUDAStreamGuard guard(d2h);
@@ -122,8 +152,11 @@ void activation_manager::copy_out(entry& e, at::Tensor host) {
   source.record_stream(d2h.unwrap());  // the block is not reused before the copy has read it
   e.copy.emplace(c10::DeviceType::CUDA);
   e.copy->record(d2h.unwrap());
-  timed_copies_.push_back({device, link_direction::to_host, e.nbytes, std::move(start), timing_event(d2h)});
+  c10::Event end = timing_event(d2h);
+  timed_copies_.push_back(
+      {device, link_direction::to_host, e.nbytes, std::move(start), std::move(end), std::move(ready)});
   link_.copy_queued(device, e.nbytes);
+  link_device_ = device;
 }
 
 
@@ -153,11 +186,13 @@ void activation_manager::copy_in(entry& e) {
       c10::Event end = timing_event(h2d);
       e.copy = std::move(done);   // the spill's event is kept until nothing can fail
       timed_copies_.push_back({e.device.index(), link_direction::to_device, e.nbytes,
-                               std::move(start), std::move(end)});
+                               std::move(start), std::move(end), std::nullopt});
+      link_device_ = e.device.index();
     } else {
       const auto start = std::chrono::steady_clock::now();
       target.copy_(e.host);
-      link_.sample(link_direction::to_device, e.nbytes, seconds_since(start));
+      link_.sample(-1, link_direction::to_device, e.nbytes, seconds_since(start));
+      link_device_ = -1;
     }
   } catch (...) {
     // Host memory ran out on the way (Note [Host out of memory]): the entry stays spilled, with

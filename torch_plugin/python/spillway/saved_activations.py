@@ -19,9 +19,9 @@ Contract
   pinned for CUDA, on a copy stream, and frees the device memory in stream order after the copy) or
   drops (frees it; only for activations of a spillway.checkpoint segment, whose lineage is the
   segment). The choice is per storage, by cost: the segment's measured forward time against the
-  spill's: its wait behind the copies to host still queued on the copy engine, its copy out and
-  its copy back, at the host link's bandwidth measured from the manager's own copies (or
-  `link_bandwidth` if given). Modes "spill" and "drop" force one kind.
+  spill's: its wait behind the copies to host occupying the copy engine, its copy out and its
+  copy back, at the link's bandwidth measured per device from the copies of every manager in the
+  process (or `link_bandwidth` if given). Modes "spill" and "drop" force one kind.
 - Unpack (backward) makes the storage resident: a spilled one is copied back (the compute stream
   waits for the copy); a dropped one is recomputed by re-running its segment with the RNG state
   (CPU and CUDA) of the original forward, BatchNorm running statistics left as they were, and every
@@ -241,8 +241,9 @@ def activations(max_resident=None, mode="hybrid", policy=None, prefetch=2, min_b
     the installed allocator's budget. mode: "hybrid", "spill" or "drop". policy: "dtr", "lru",
     "largest" (default: spillway.install's). prefetch: spilled activations copied back ahead of use.
     min_bytes: smaller tensors are saved as they are. link_bandwidth: host link bytes per second for
-    the spill-or-recompute choice; None: measured from the manager's own copies, each way (25e9
-    until the first; stats: spill_bytes_per_s, restore_bytes_per_s). max_spilled: bytes (or "4GiB") of host memory (pinned, for CUDA)
+    the spill-or-recompute choice; None: measured per device, each way, from the copies of every
+    manager in the process (25e9 until the first; stats: spill_bytes_per_s, restore_bytes_per_s).
+    max_spilled: bytes (or "4GiB") of host memory (pinned, for CUDA)
     spilled copies may hold; None: no cap. A spill over it, or one whose host buffer cannot be
     allocated, is not made: the activation is dropped instead when a checkpoint segment can
     recompute it, else kept and the next one tried. Returns the ActivationManager."""
