@@ -2,11 +2,15 @@
 // the activation managers weigh a spill by: each link's bandwidth as the bytes over the seconds
 // of its recent copies, older ones decayed, per device and direction; the configured bandwidth
 // until a link is measured (always, when fixed); the bytes occupying each device's copy engine,
-// and the spill's time from them.
+// and the spill's time from them; and scan_copies, over events the test completes by hand.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <vector>
 
 #include "activation_link.hpp"
 
@@ -89,4 +93,117 @@ TEST_CASE("copies occupying a device's copy engine delay a spill there, not else
   CHECK(m.spill_seconds(1'000'000, -1) == doctest::Approx(2e-3));  // a CPU storage
   m.set_occupied(1, 0);  // a later count: all complete
   CHECK(m.occupied_bytes(1) == 0);
+}
+
+namespace {
+
+// An event the test completes by hand, counting how often it is asked.
+struct mock_event {
+  struct state {
+    bool complete = false, throws = false;
+    double ms = 0;  // when it completed
+    int queries = 0;
+  };
+  std::shared_ptr<state> s = std::make_shared<state>();
+
+  bool query() const {
+    ++s->queries;
+    if (s->throws) throw std::runtime_error("mock CUDA error");
+    return s->complete;
+  }
+  double elapsedTime(const mock_event& end) const { return end.s->ms - s->ms; }
+  void complete_at(double ms) const {
+    s->complete = true;
+    s->ms = ms;
+  }
+};
+
+struct mock_copy {
+  int device;
+  link_direction direction;
+  std::size_t bytes;
+  mock_event start, end;
+  std::optional<mock_event> ready;
+  bool eligible = false;
+};
+
+mock_copy copy_to_host(int device, std::size_t bytes) {
+  mock_copy c{device, link_direction::to_host, bytes, {}, {}, mock_event{}};
+  c.start.complete_at(0);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("a scan samples the complete copies, keeps the others in order, asks little") {
+  link_estimates shared;
+  link_meter m(1e9, false, shared);
+  m.reserve_device(1);
+  std::vector<mock_copy> copies{copy_to_host(0, 1'000'000), copy_to_host(0, 2'000'000),
+                                copy_to_host(0, 3'000'000), copy_to_host(1, 4'000'000)};
+  copies[0].end.complete_at(1.0);  // 1 MB in 1 ms
+  copies[2].end.complete_at(2.0);  // behind copies[1], not complete: not asked
+  const mock_event second_end = copies[1].end, third_end = copies[2].end;
+  for (mock_copy& c : copies) c.ready->complete_at(0);
+  scan_copies(copies, m);
+  CHECK(*shared.bytes_per_s(0, link_direction::to_host) == doctest::Approx(1e9));
+  REQUIRE(copies.size() == 3);
+  CHECK(copies[0].bytes == 2'000'000);
+  CHECK(copies[1].bytes == 3'000'000);
+  CHECK(copies[2].bytes == 4'000'000);
+  CHECK(second_end.s->queries == 1);
+  CHECK(third_end.s->queries == 0);
+  // Occupancy: every copy to host whose wait passed and that has not completed.
+  CHECK(m.occupied_bytes(0) == 5'000'000);
+  CHECK(m.occupied_bytes(1) == 4'000'000);
+  // They complete: sampled, none left, nothing occupied.
+  for (mock_copy& c : copies) c.end.complete_at(3.0);
+  scan_copies(copies, m);
+  CHECK(copies.empty());
+  CHECK(m.occupied_bytes(0) == 0);
+  CHECK(m.occupied_bytes(1) == 0);
+}
+
+TEST_CASE("copies still waiting for compute do not occupy the engine, nor are asked after one") {
+  link_estimates shared;
+  link_meter m(1e9, false, shared);
+  m.reserve_device(0);
+  std::vector<mock_copy> copies{copy_to_host(0, 1'000'000), copy_to_host(0, 2'000'000),
+                                copy_to_host(0, 4'000'000)};
+  copies[0].ready->complete_at(0);
+  const mock_event second_ready = copies[1].ready.value(), third_ready = copies[2].ready.value();
+  third_ready.complete_at(0);  // its own wait passed, but it queues behind the second
+  scan_copies(copies, m);
+  CHECK(m.occupied_bytes(0) == 1'000'000);
+  CHECK(second_ready.s->queries == 1);
+  CHECK(third_ready.s->queries == 0);
+  // A wait passed is remembered: the first's is not asked again.
+  const mock_event first_ready = copies[0].ready.value();
+  second_ready.complete_at(0);
+  scan_copies(copies, m);
+  CHECK(first_ready.s->queries == 1);
+  CHECK(m.occupied_bytes(0) == 7'000'000);
+  // Copies queued between scans count until the next one.
+  m.copy_queued(0, 500'000);
+  CHECK(m.occupied_bytes(0) == 7'500'000);
+  scan_copies(copies, m);
+  CHECK(m.occupied_bytes(0) == 7'000'000);
+}
+
+TEST_CASE("an event that cannot be asked takes its copy off the list; the scan goes on") {
+  link_estimates shared;
+  link_meter m(1e9, false, shared);
+  m.reserve_device(0);
+  std::vector<mock_copy> copies{copy_to_host(0, 1'000'000), copy_to_host(0, 2'000'000)};
+  copies[0].end.s->throws = true;
+  copies[1].ready->complete_at(0);
+  scan_copies(copies, m);  // noexcept: a throw would terminate
+  REQUIRE(copies.size() == 1);
+  CHECK(copies[0].bytes == 2'000'000);
+  CHECK(m.occupied_bytes(0) == 2'000'000);
+  CHECK(!shared.bytes_per_s(0, link_direction::to_host).has_value());
+  copies[0].end.complete_at(2.0);
+  scan_copies(copies, m);
+  CHECK(copies.empty());
+  CHECK(*shared.bytes_per_s(0, link_direction::to_host) == doctest::Approx(1e9));
 }

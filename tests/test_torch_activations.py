@@ -365,14 +365,17 @@ class Spill(unittest.TestCase):
             with self.subTest(link_bandwidth=given):
                 x = torch.randn(1 << 18, requires_grad=True)
                 with spillway.activations(mode="spill", min_bytes=0, link_bandwidth=given) as acts:
+                    before = acts.stats()
                     y = (x * 2).sin()  # saves x * 2, which only autograd holds
                     self.assertGreater(acts.evict(1 << 30)[0], 0)
                     y.sum().backward()
                 stats = acts.stats()
                 self.assertEqual(stats["restores"], stats["spills"])
-                if given is None:
-                    self.assertNotEqual(stats["spill_bytes_per_s"], 25_000_000_000)
-                    self.assertNotEqual(stats["restore_bytes_per_s"], 25_000_000_000)
+                if given is None:  # its copies moved the process's estimate; the next starts there
+                    self.assertNotEqual(stats["spill_bytes_per_s"], before["spill_bytes_per_s"])
+                    self.assertNotEqual(stats["restore_bytes_per_s"], before["restore_bytes_per_s"])
+                    nxt = spillway.activations().stats()
+                    self.assertEqual(nxt["spill_bytes_per_s"], stats["spill_bytes_per_s"])
                 else:  # given: kept (1e30 saturates the counter)
                     self.assertEqual(stats["spill_bytes_per_s"], min(int(given), 2**64 - 1))
                 self.assertNotIn("activations.spill_bytes_per_s", spillway.stats())  # per manager

@@ -15,18 +15,32 @@
 // - link_meter: one manager's view of them. bytes_per_s: the configured bandwidth when
 //   constructed `fixed` (a user who states the link's speed means it) or until the link has a
 //   sample, else the shared estimate; samples go to the shared estimates either way. Occupancy:
-//   the bytes of the manager's copies to host memory that hold a device's copy engine (their wait
-//   for the compute stream is over and they have not completed), as last counted
-//   (set_occupied), plus those queued since (copy_queued): a spill made now waits behind them.
+//   the bytes of the manager's copies to host memory that hold a device's copy engine (those
+//   ahead of its first copy still waiting for the compute stream, not complete), as last counted
+//   (set_occupied, by scan_copies), plus those queued since (copy_queued): a spill made now waits
+//   behind them. Other managers' copies on the same stream are not counted.
 //   spill_seconds(bytes, device) = (occupied + bytes) / to-host + bytes / to-device: the spill's
 //   wait and copy out, then the copy back. reserve_device(device) before copy_queued or
 //   set_occupied, which never allocate or throw. Not thread-safe: the manager's lock guards it.
+// - scan_copies(copies, meter): a manager's timed CUDA copies (activation_spill.cpp), over any
+//   event type with query() and elapsedTime(end) in milliseconds, so that it is tested without a
+//   GPU. Each complete copy is a sample of its link and leaves the list; the others stay, in
+//   order. Occupancy is recounted: the bytes of copies to host memory whose `ready` (the compute
+//   stream's point the copy stream waits for) has completed. Every copy to host memory of a
+//   device goes through one in-order stream (the process's copy stream of that device), so once
+//   one copy of a (device, direction) is not complete the later ones are not asked, and once one
+//   copy to host is still waiting for compute the later ones of that device are not either (they
+//   queue behind it, whatever stream their own wait is on): the events asked are the copies
+//   complete since the last scan and a few per device, not the whole list. `eligible` remembers
+//   a wait passed. An event that throws when asked takes its copy off the list, unsampled and
+//   uncounted: a scan never throws (the copies' own CUDA calls report real errors).
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace spillway::torch_plugin {
@@ -78,5 +92,49 @@ class link_meter {
   link_estimates* shared_;
   std::vector<std::size_t> occupied_;  // by CUDA device index
 };
+
+// Copy: {device (0 <= device < link_estimates::max_devices); link_direction direction;
+// std::size_t bytes; Event start, end; std::optional<Event> ready; bool eligible}.
+template <class Copy>
+void scan_copies(std::vector<Copy>& copies, link_meter& link) noexcept {
+  if (copies.empty()) return;
+  constexpr std::size_t devices = link_estimates::max_devices;
+  std::array<bool, 2 * devices> busy{};  // (device, direction): a copy not complete seen
+  std::array<bool, devices> waiting{};   // device: a copy to host still waiting for compute seen
+  std::array<std::size_t, devices> occupied{};
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < copies.size(); ++i) {
+    Copy& c = copies[i];
+    const auto d = static_cast<std::size_t>(c.device);
+    bool keep = d < devices;
+    try {
+      const std::size_t stream = 2 * d + (c.direction == link_direction::to_host ? 0 : 1);
+      if (keep && !busy[stream]) {
+        if (c.end.query()) {  // complete: sampled, and not kept
+          keep = false;
+          link.sample(static_cast<int>(d), c.direction, c.bytes, c.start.elapsedTime(c.end) / 1e3);
+        } else {
+          busy[stream] = true;
+        }
+      }
+      if (keep && c.direction == link_direction::to_host) {
+        if (!c.eligible && !waiting[d] && c.ready) {
+          c.eligible = c.ready->query();
+          waiting[d] = !c.eligible;
+        }
+        if (c.eligible) occupied[d] += c.bytes;
+      }
+    } catch (...) {
+      keep = false;  // an event that cannot be asked: neither sampled nor counted
+    }
+    if (!keep) continue;
+    if (kept != i) copies[kept] = std::move(c);
+    ++kept;
+  }
+  copies.erase(copies.begin() + static_cast<std::ptrdiff_t>(kept), copies.end());
+  for (std::size_t device = 0; device < link.devices() && device < devices; ++device) {
+    link.set_occupied(static_cast<int>(device), occupied[device]);
+  }
+}
 
 }  // namespace spillway::torch_plugin

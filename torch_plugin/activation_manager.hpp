@@ -16,8 +16,8 @@
 //   that it is freed in stream order after the copy; for CPU torch's default CPU allocator's,
 //   never an installed one, which may be the budget spilled from) or drops (only for storages a
 //   checkpoint segment saved: the segment is their lineage). Per storage, by cost: the segment's
-//   measured forward time against the spill's: its wait behind the copies to host memory still
-//   queued on the device's copy engine, its own copy out and the copy back, at the link's
+//   measured forward time against the spill's: its wait behind the manager's copies to host
+//   memory that hold the device's copy engine, its own copy out and the copy back, at the link's
 //   bandwidth in each direction, measured from the copies of every manager of the process, per
 //   device (link_bandwidth until the first, or always if set: activation_link.hpp; stats:
 //   spill_bytes_per_s, restore_bytes_per_s). Modes spill and drop force one kind.
@@ -254,7 +254,7 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   at::Tensor spill_buffer(const entry& e);  // undefined: no host memory for it
   void copy_out(entry& e, at::Tensor host);
   void copy_in(entry& e);
-  void note_copies();  // samples the link's completed CUDA copies (activation_link.hpp)
+  void note_copies() noexcept;  // scan_copies over timed_copies_ (activation_link.hpp)
   void make_resident(entry& e);
   // inputs: resident. may_stop: nothing but the dropped members of `s` is wanted from it (no
   // restore waits on its other outputs or saves), so its replay may stop early (early_stop).
@@ -285,7 +285,7 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   std::size_t resident_bytes_ = 0;  // theirs
   std::size_t spilled_bytes_ = 0;  // held by spilled copies in host memory
   link_meter link_;
-  int link_device_ = -1;  // of its last copy: the link stats() reports
+  int link_device_ = -1;  // of its last copy: the link stats() reports (CPU's before one)
   // CUDA copies not sampled yet, in the order they were queued, with timing events around each
   // and, for a copy to host memory, the event its copy stream waits for (once complete, the copy
   // holds the copy engine: activation_link.hpp, occupancy). Room is reserved before a copy is

@@ -6,8 +6,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <array>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -72,51 +72,11 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-// Each completed CUDA copy is a sample of its link, and leaves the list; the bytes of the copies to
-// host memory whose wait is over and which have not completed are each device's occupancy. A
-// stream's copies complete in order, and the compute stream's waits are passed in order, so the
-// scan asks no more of a stream once one of its copies is not complete (or, for the waits, of a
-// device once one has not been passed): its cost in event queries is the copies completed since
-// the last scan plus a few per device, not the length of the list.
-void activation_manager::note_copies() {
-  if (timed_copies_.empty()) return;
-  constexpr std::size_t devices = link_estimates::max_devices;
-  std::array<bool, 2 * devices> busy{};     // (device, direction): a copy not complete seen
-  std::array<bool, devices> waiting{};      // device: a copy still waiting for compute seen
-  std::array<std::size_t, devices> occupied{};
-  std::size_t kept = 0, i = 0;
-  try {
-    for (; i < timed_copies_.size(); ++i) {
-      timed_copy& c = timed_copies_[i];
-      const auto d = static_cast<std::size_t>(c.device) % devices;
-      const std::size_t stream = 2 * d + (c.direction == link_direction::to_host ? 0 : 1);
-      if (!busy[stream]) {
-        if (c.end.query()) {  // complete: sampled, and not kept
-          link_.sample(c.device, c.direction, c.bytes, c.start.elapsedTime(c.end) / 1e3);
-          continue;
-        }
-        busy[stream] = true;
-      }
-      if (c.direction == link_direction::to_host) {
-        if (!c.eligible && !waiting[d] && c.ready) {
-          c.eligible = c.ready->query();
-          waiting[d] = !c.eligible;
-        }
-        if (c.eligible) occupied[d] += c.bytes;
-      }
-      if (kept != i) timed_copies_[kept] = std::move(c);
-      ++kept;
-    }
-  } catch (...) {  // a CUDA error: the copies sampled already go, the rest stay listed
-    timed_copies_.erase(timed_copies_.begin() + static_cast<std::ptrdiff_t>(kept),
-                        timed_copies_.begin() + static_cast<std::ptrdiff_t>(i));
-    throw;
-  }
-  timed_copies_.erase(timed_copies_.begin() + static_cast<std::ptrdiff_t>(kept), timed_copies_.end());
-  for (std::size_t device = 0; device < link_.devices() && device < devices; ++device) {
-    link_.set_occupied(static_cast<int>(device), occupied[device]);
-  }
-}
+// What the copies of the link tell (activation_link.hpp, scan_copies): CUDA device indices are
+// within the estimates' range, so no two devices share a slot.
+static_assert(std::numeric_limits<c10::DeviceIndex>::max() < link_estimates::max_devices);
+
+void activation_manager::note_copies() noexcept { scan_copies(timed_copies_, link_); }
 
 at::Tensor activation_manager::spill_buffer(const entry& e) {
   if (options_.max_spilled && spilled_bytes_ + e.nbytes > *options_.max_spilled) return {};
