@@ -18,6 +18,19 @@ using namespace spillway::torch_plugin;
 using spillway::test::drop_when_asked;
 using spillway::test::evict_all;
 
+namespace {
+
+// The sum of `fn` on w * 3, run as one checkpoint segment in a scope of `manager` (without one,
+// as it is).
+at::Tensor segment_loss(const segment_function& fn, const at::Tensor& w,
+                        const std::shared_ptr<activation_manager>& manager) {
+  std::optional<activation_scope> scope;
+  if (manager) scope.emplace(manager);
+  return (manager ? checkpoint(fn, {w * 3}) : fn({w * 3})).sum();
+}
+
+}  // namespace
+
 TEST_CASE("every dropped input of a segment is restored before it, in a loop, not by nesting") {
   // A ladder: S_i(z_i, prev), with z_i the output of a segment Z_i that ended just before, and
   // prev, S_(i-1)'s output, registered first by an op outside any segment (so it has S_(i-1) as
@@ -208,12 +221,7 @@ TEST_CASE("a replay stops after the last save backward still needs (early stop)"
   const at::Tensor w0 = at::randn({n});
   const auto run = [&](const std::shared_ptr<activation_manager>& manager) {
     at::Tensor w = w0.clone().requires_grad_();
-    at::Tensor loss;
-    {
-      std::optional<activation_scope> scope;
-      if (manager) scope.emplace(manager);
-      loss = (manager ? checkpoint(chain, {w * 3}) : chain({w * 3})).sum();
-    }
+    const at::Tensor loss = segment_loss(chain, w, manager);
     if (manager) {
       // w * 3 has no lineage (it is kept); a, b and c do: the oldest, a, goes.
       REQUIRE(manager->evict(n * sizeof(float)).first == n * sizeof(float));
@@ -319,12 +327,7 @@ TEST_CASE("a stop that the segment's code catches is still a stop") {
   const at::Tensor w0 = at::randn({n});
   const auto run = [&](const std::shared_ptr<activation_manager>& manager) {
     at::Tensor w = w0.clone().requires_grad_();
-    at::Tensor loss;
-    {
-      std::optional<activation_scope> scope;
-      if (manager) scope.emplace(manager);
-      loss = (manager ? checkpoint(body, {w * 3}) : body({w * 3})).sum();
-    }
+    const at::Tensor loss = segment_loss(body, w, manager);
     if (manager) {
       REQUIRE(manager->evict(n * sizeof(float)).first == n * sizeof(float));  // LRU: a's save
       pressure = manager.get();
