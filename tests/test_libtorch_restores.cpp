@@ -4,6 +4,7 @@
 // until it has run), the limit on replays nested in replays, and the early stop of a replay once
 // it has given back every save that is still wanted.
 #include "torch_doctest.hpp"  // ATen and doctest
+#include <torch/csrc/autograd/autograd.h>
 
 #include <cstddef>
 #include <optional>
@@ -342,4 +343,30 @@ TEST_CASE("a stop that the segment's code catches is still a stop") {
   CHECK(at::equal(run(manager), reference));
   CHECK(manager->stats().recomputes_stopped == 1);
   CHECK(manager->stats().recomputes >= 2);  // then the saves after the stop, dropped by it
+}
+
+TEST_CASE("a segment that runs a backward itself is recomputed") {
+  // A gradient penalty inside a segment: its replay runs that backward too, which unpacks what
+  // the replay saved (it got an undefined tensor, and the backward failed).
+  enable_libtorch_hooks();
+  constexpr std::int64_t n = 4096;
+  const auto penalised = [](const std::vector<at::Tensor>& in) {
+    const at::Tensor h = in[0].sin();
+    const at::Tensor g = torch::autograd::grad({h.sum()}, {in[0]}, {}, /*retain_graph=*/true,
+                                               /*create_graph=*/true)[0];
+    return (h * g).sin();
+  };
+  const at::Tensor w0 = at::randn({n});
+  const auto run = [&](const std::shared_ptr<activation_manager>& manager) {
+    at::Tensor w = w0.clone().requires_grad_();
+    const at::Tensor loss = segment_loss(penalised, w, manager);
+    if (manager) REQUIRE(manager->evict(std::size_t{1} << 30).first > 0);
+    loss.backward();
+    return w.grad();
+  };
+  const at::Tensor reference = run(nullptr);
+  auto manager = activation_manager::make(drop_when_asked());
+  CHECK(at::equal(run(manager), reference));
+  CHECK(manager->stats().recomputes == 1);
+  CHECK(manager->stats().registered == 0);
 }

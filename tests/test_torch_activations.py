@@ -306,6 +306,25 @@ class CheckpointRecompute(unittest.TestCase):
                 self.assertEqual(acts.stats()["recomputes_stopped"], 1)
                 self.assertTrue(torch.equal(w.grad, reference))
 
+    def test_a_segment_that_runs_a_backward_itself_is_recomputed(self):
+        # A gradient penalty inside a segment: its replay runs that backward too, which reads
+        # what the replay saved (the replay's unpack hook gave None, and the backward failed).
+        def penalised(t):
+            h = t.sin()
+            g, = torch.autograd.grad(h.sum(), t, create_graph=True)
+            return (h * g).sin()
+
+        w0 = torch.randn(4096)
+        w = w0.clone().requires_grad_()
+        penalised(w * 3).sum().backward()
+        reference, w = w.grad, w0.clone().requires_grad_()
+        with spillway.activations(mode="drop", min_bytes=0) as acts:
+            loss = spillway.checkpoint(penalised, w * 3).sum()
+            self.assertGreater(acts.evict(1 << 30)[0], 0)
+            loss.backward()
+        self.assertEqual(acts.stats()["recomputes"], 1)
+        self.assertTrue(torch.equal(w.grad, reference))
+
     def test_checkpoint_outside_activations_is_a_plain_call(self):
         model = mlp(depth=1)
         x = torch.randn(4, 256)

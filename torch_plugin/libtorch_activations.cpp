@@ -55,10 +55,11 @@ class spillway_saved_hooks final : public torch::autograd::SavedVariableHooks {
 
   void call_pack_hook(const at::Tensor& tensor) override {
     if (replay_record != nullptr) {
-      // A replay's graph is never run backward: it keeps nothing, or its saved tensors would
-      // live (and hold a second copy of the segment's memory) as long as its output does.
+      // Recorded, and kept for a backward the segment runs itself (a gradient penalty): the
+      // replay's graph goes when the replay returns (its output is detached), and this with it.
       if (replay_record->stopped) throw replay_stopped{};
-      replay_record->saved.push_back(tensor.detach());
+      kept_ = tensor.detach();
+      replay_record->saved.push_back(kept_);
       if (replay_record->saved.size() == replay_record->stop_after) {
         replay_record->stopped = true;
         throw replay_stopped{};

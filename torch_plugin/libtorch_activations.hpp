@@ -27,7 +27,9 @@
 //   saved storages may be dropped under pressure and are recomputed by running fn again on
 //   detached copies of the inputs (same requires_grad), with the RNG state of the first run; the
 //   tensors in `keep` (for example BatchNorm running_mean, running_var, num_batches_tracked) are
-//   put back after the replay so that it does not update them twice. Outside a scope it is fn(inputs).
+//   put back after the replay so that it does not update them twice. fn may run a backward of its
+//   own (a gradient penalty): the replay runs it too, on what the replay saved. Outside a scope it
+//   is fn(inputs).
 #pragma once
 
 #include <ATen/core/Tensor.h>

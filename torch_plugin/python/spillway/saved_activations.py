@@ -27,6 +27,7 @@ Contract
   (CPU and CUDA) of the original forward, BatchNorm running statistics left as they were, and every
   dropped storage of the segment restored from the recomputation, matched by the order in which the
   segment saved them. Bytes are identical to the original when the segment is deterministic.
+  A segment may run a backward of its own (a gradient penalty): its replay runs it too.
   When none of the segment's outputs is dropped, the replay stops right after the last dropped
   save still in use (as torch.utils.checkpoint's early stop): what backward has consumed already
   is not run again (stats: recomputes_stopped).
@@ -184,7 +185,10 @@ class ActivationManager:
                 if len(recorded) == stop_after:
                     stop.append(True)
                     raise _ReplayStopped
-                return None
+                return len(recorded) - 1
+
+            def unpack(i):  # a backward the segment runs itself (a gradient penalty)
+                return recorded[i]
 
             inputs = list(others)
             for i, t, g in zip(at, resident, grads):
@@ -192,7 +196,7 @@ class ActivationManager:
             del resident
             try:
                 with _running_stats_kept(_batch_norms(fn)), \
-                        torch.autograd.graph.saved_tensors_hooks(record, lambda _: None), \
+                        torch.autograd.graph.saved_tensors_hooks(record, unpack), \
                         torch.enable_grad():
                     out = [t.detach() for t in _tensors_of(fn(*inputs, **kwargs))]
             except (KeyboardInterrupt, SystemExit):
