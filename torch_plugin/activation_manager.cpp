@@ -260,6 +260,8 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
     if (fresh->lineage) fresh->lineage_version = detail::version_of(fresh->version);
     e = entries_.emplace(storage.unsafeGetStorageImpl(), std::move(fresh)).first->second.get();
     e->seq = next_seq_++;
+    // Until its first copy, the link stats() reports is that of the first device it holds.
+    if (link_device_ == -1 && !link_copied_ && e->device.is_cuda()) link_device_ = e->device.index();
     became_resident(*e);
   }
   std::shared_ptr<saved> handle;

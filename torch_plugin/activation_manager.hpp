@@ -255,6 +255,10 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   void copy_out(entry& e, at::Tensor host);
   void copy_in(entry& e);
   void note_copies() noexcept;  // scan_copies over timed_copies_ (activation_link.hpp)
+  void used_link(int device) noexcept {  // a copy was made on it (-1: a CPU storage's)
+    link_device_ = device;
+    link_copied_ = true;
+  }
   void make_resident(entry& e);
   // inputs: resident. may_stop: nothing but the dropped members of `s` is wanted from it (no
   // restore waits on its other outputs or saves), so its replay may stop early (early_stop).
@@ -285,7 +289,8 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   std::size_t resident_bytes_ = 0;  // theirs
   std::size_t spilled_bytes_ = 0;  // held by spilled copies in host memory
   link_meter link_;
-  int link_device_ = -1;  // of its last copy: the link stats() reports (CPU's before one)
+  int link_device_ = -1;  // of its last copy, else of its first CUDA entry: the link stats() reports
+  bool link_copied_ = false;  // it has made a copy
   // CUDA copies not sampled yet, in the order they were queued, with timing events around each
   // and, for a copy to host memory, the event its copy stream waits for (once complete, the copy
   // holds the copy engine: activation_link.hpp, occupancy). Room is reserved before a copy is

@@ -94,7 +94,7 @@ void activation_manager::copy_out(entry& e, at::Tensor host) {
     const auto start = std::chrono::steady_clock::now();
     e.host.copy_(source);
     link_.sample(-1, link_direction::to_host, e.nbytes, seconds_since(start));
-    link_device_ = -1;
+    used_link(-1);
     return;
   }
   const c10::DeviceIndex device = e.device.index();
@@ -116,7 +116,7 @@ void activation_manager::copy_out(entry& e, at::Tensor host) {
   timed_copies_.push_back(
       {device, link_direction::to_host, e.nbytes, std::move(start), std::move(end), std::move(ready)});
   link_.copy_queued(device, e.nbytes);
-  link_device_ = device;
+  used_link(device);
 }
 
 
@@ -147,12 +147,12 @@ void activation_manager::copy_in(entry& e) {
       e.copy = std::move(done);   // the spill's event is kept until nothing can fail
       timed_copies_.push_back({e.device.index(), link_direction::to_device, e.nbytes,
                                std::move(start), std::move(end), std::nullopt});
-      link_device_ = e.device.index();
+      used_link(e.device.index());
     } else {
       const auto start = std::chrono::steady_clock::now();
       target.copy_(e.host);
       link_.sample(-1, link_direction::to_device, e.nbytes, seconds_since(start));
-      link_device_ = -1;
+      used_link(-1);
     }
   } catch (...) {
     // Host memory ran out on the way (Note [Host out of memory]): the entry stays spilled, with
