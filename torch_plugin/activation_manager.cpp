@@ -70,18 +70,27 @@ activation_policy parse_activation_policy(std::string_view name) {
 }
 
 std::vector<std::pair<std::string, std::uint64_t>> activation_stats::fields() const {
-  std::vector<std::pair<std::string, std::uint64_t>> out{{"packed", packed},           {"evictions", evictions},
-          {"spills", spills},           {"drops", drops},
-          {"restores", restores},       {"recomputes", recomputes},
-          {"recompute_moves", recompute_moves}, {"recomputes_stopped", recomputes_stopped},
-          {"nested_recomputes", nested_recomputes},
-          {"spill_fallbacks", spill_fallbacks},
-          {"bytes_spilled", bytes_spilled}, {"bytes_dropped", bytes_dropped},
-          {"bytes_restored", bytes_restored}, {"prefetches", prefetches},
-          {"pressure_calls", pressure_calls}, {"evict_ns", evict_ns},
-          {"registered", registered},
-          {"resident_bytes", resident_bytes}, {"spilled_bytes", spilled_bytes},
-          {"dropped_bytes", dropped_bytes}};
+  std::vector<std::pair<std::string, std::uint64_t>> out{
+      {"packed", packed},
+      {"evictions", evictions},
+      {"spills", spills},
+      {"drops", drops},
+      {"restores", restores},
+      {"recomputes", recomputes},
+      {"recompute_moves", recompute_moves},
+      {"recomputes_stopped", recomputes_stopped},
+      {"nested_recomputes", nested_recomputes},
+      {"spill_fallbacks", spill_fallbacks},
+      {"bytes_spilled", bytes_spilled},
+      {"bytes_dropped", bytes_dropped},
+      {"bytes_restored", bytes_restored},
+      {"prefetches", prefetches},
+      {"pressure_calls", pressure_calls},
+      {"evict_ns", evict_ns},
+      {"registered", registered},
+      {"resident_bytes", resident_bytes},
+      {"spilled_bytes", spilled_bytes},
+      {"dropped_bytes", dropped_bytes}};
   if (has_link) {
     out.emplace_back("spill_bytes_per_s", spill_bytes_per_s);
     out.emplace_back("restore_bytes_per_s", restore_bytes_per_s);

@@ -255,6 +255,10 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   void copy_out(entry& e, at::Tensor host);
   void copy_in(entry& e);
   void note_copies() noexcept;  // scan_copies over timed_copies_ (activation_link.hpp)
+  void copy_on_host(const at::Tensor& to, const at::Tensor& from, link_direction d);
+  void room_for_copy(c10::DeviceIndex device);  // may throw std::bad_alloc
+  struct timed_copy;
+  void list_copy(timed_copy copy) noexcept;
   void used_link(int device) noexcept {  // a copy was made on it (-1: a CPU storage's)
     link_device_ = device;
     link_copied_ = true;

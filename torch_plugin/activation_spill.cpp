@@ -78,6 +78,31 @@ static_assert(std::numeric_limits<c10::DeviceIndex>::max() < link_estimates::max
 
 void activation_manager::note_copies() noexcept { scan_copies(timed_copies_, link_); }
 
+// A CPU storage's copy: synchronous, timed on the host clock.
+void activation_manager::copy_on_host(const at::Tensor& to, const at::Tensor& from,
+                                      link_direction d) {
+  const auto start = std::chrono::steady_clock::now();
+  to.copy_(from);
+  link_.sample(-1, d, static_cast<std::size_t>(to.nbytes()), seconds_since(start));
+  used_link(-1);
+}
+
+// Room for one more timed copy of `device`, made before the copy is queued: listing it after
+// (list_copy) allocates nothing.
+void activation_manager::room_for_copy(c10::DeviceIndex device) {
+  link_.reserve_device(device);
+  if (timed_copies_.size() == timed_copies_.capacity()) {
+    timed_copies_.reserve(2 * timed_copies_.size() + 8);
+  }
+}
+
+void activation_manager::list_copy(timed_copy copy) noexcept {
+  const c10::DeviceIndex device = copy.device;
+  if (copy.direction == link_direction::to_host) link_.copy_queued(device, copy.bytes);
+  timed_copies_.push_back(std::move(copy));  // within room_for_copy's room
+  used_link(device);
+}
+
 at::Tensor activation_manager::spill_buffer(const entry& e) {
   if (options_.max_spilled && spilled_bytes_ + e.nbytes > *options_.max_spilled) return {};
   try {
@@ -91,17 +116,11 @@ void activation_manager::copy_out(entry& e, at::Tensor host) {
   at::Tensor source = byte_view(e.storage, e.nbytes);
   e.host = std::move(host);
   if (!e.device.is_cuda()) {
-    const auto start = std::chrono::steady_clock::now();
-    e.host.copy_(source);
-    link_.sample(-1, link_direction::to_host, e.nbytes, seconds_since(start));
-    used_link(-1);
+    copy_on_host(e.host, source, link_direction::to_host);
     return;
   }
   const c10::DeviceIndex device = e.device.index();
-  link_.reserve_device(device);  // room first: listing the copy below allocates nothing
-  if (timed_copies_.size() == timed_copies_.capacity()) {
-    timed_copies_.reserve(2 * timed_copies_.size() + 8);
-  }
+  room_for_copy(device);
   auto d2h = copy_streams(device).first;
   c10::Event ready = wait_for(d2h, c10::cuda::getCurrentCUDAStream(device));
   c10::Event start = timing_event(d2h);
@@ -112,11 +131,8 @@ void activation_manager::copy_out(entry& e, at::Tensor host) {
   source.record_stream(d2h.unwrap());  // the block is not reused before the copy has read it
   e.copy.emplace(c10::DeviceType::CUDA);
   e.copy->record(d2h.unwrap());
-  c10::Event end = timing_event(d2h);
-  timed_copies_.push_back(
-      {device, link_direction::to_host, e.nbytes, std::move(start), std::move(end), std::move(ready)});
-  link_.copy_queued(device, e.nbytes);
-  used_link(device);
+  list_copy({device, link_direction::to_host, e.nbytes, std::move(start), timing_event(d2h),
+             std::move(ready)});
 }
 
 
@@ -128,9 +144,7 @@ void activation_manager::copy_in(entry& e) {
     at::Tensor target = byte_view(e.storage, e.nbytes);
     if (e.device.is_cuda()) {
       note_copies();
-      if (timed_copies_.size() == timed_copies_.capacity()) {
-        timed_copies_.reserve(2 * timed_copies_.size() + 8);  // room first, as in copy_out
-      }
+      room_for_copy(e.device.index());
       auto h2d = copy_streams(e.device.index()).second;
       if (e.copy) h2d.unwrap().wait(*e.copy);  // the spill's copy has completed
       wait_for(h2d, c10::cuda::getCurrentCUDAStream(e.device.index()));  // the new block is ready
@@ -145,14 +159,10 @@ void activation_manager::copy_in(entry& e) {
       done.record(h2d.unwrap());  // unpack makes the compute stream wait for it
       c10::Event end = timing_event(h2d);
       e.copy = std::move(done);   // the spill's event is kept until nothing can fail
-      timed_copies_.push_back({e.device.index(), link_direction::to_device, e.nbytes,
-                               std::move(start), std::move(end), std::nullopt});
-      used_link(e.device.index());
+      list_copy({e.device.index(), link_direction::to_device, e.nbytes, std::move(start),
+                 std::move(end), std::nullopt});
     } else {
-      const auto start = std::chrono::steady_clock::now();
-      target.copy_(e.host);
-      link_.sample(-1, link_direction::to_device, e.nbytes, seconds_since(start));
-      used_link(-1);
+      copy_on_host(target, e.host, link_direction::to_device);
     }
   } catch (...) {
     // Host memory ran out on the way (Note [Host out of memory]): the entry stays spilled, with

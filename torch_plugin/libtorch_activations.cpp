@@ -167,9 +167,8 @@ at::Tensor checkpoint(const segment_function& fn, const std::vector<at::Tensor>&
       // what it ran so far goes with the stack it unwound.
       if (!recording.stopped) throw;
     }
-    if (recording.stopped) {  // also when fn caught the stop and returned
+    if (recording.stopped) {  // also when fn caught the stop and returned: nothing recorded since
       run.stopped = true;
-      run.saved.resize(*stop_after);
       run.outputs.clear();
     }
     at::NoGradGuard no_grad;

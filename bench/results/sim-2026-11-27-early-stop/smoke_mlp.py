@@ -5,10 +5,12 @@
 #   bench/results/sim-2026-11-27-early-stop/smoke_mlp.py [RATIO ...]
 # Prints one JSON line per cell, the unconstrained run first (its peak reserved bytes are what
 # the ratios are of); "identical": every loss equal to the unconstrained run's.
-import json, os, subprocess, sys
+import json, os, sys
 
-here = os.path.dirname(os.path.abspath(__file__))
-bench = os.path.join(here, "..", "..", "train_bench.py")
+os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the workers
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from train_bench import run_subprocess  # noqa: E402  (bench/train_bench.py: one worker per cell)
+
 KEEP = ("config", "ratio", "budget_bytes", "status", "peak_reserved", "drops", "spills",
         "recomputes", "recomputes_stopped", "bytes_dropped", "step_ms_median", "error")
 
@@ -18,11 +20,7 @@ def run(config, ratio, budget):
             "batch": 1024, "precision": "fp32", "accum": 1, "steps": 10, "warmup": 3,
             "policy": None, "spillway_settings": None, "timeline": False, "seed": 0,
             "budget_bytes": budget, "deterministic": True, "sim": True}
-    out = subprocess.run([sys.executable, bench, "--worker", json.dumps(spec)],
-                         capture_output=True, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="1")).stdout
-    line = next((l for l in out.splitlines() if l.startswith("TRAIN_BENCH_RESULT ")), None)
-    return json.loads(line[len("TRAIN_BENCH_RESULT "):]) if line else {"status": "no result"}
+    return run_subprocess(spec, timeout=600)
 
 
 ref = run("native", None, None)

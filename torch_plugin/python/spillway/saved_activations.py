@@ -204,8 +204,8 @@ class ActivationManager:
             except BaseException:
                 if not stop:
                     raise
-            if stop:
-                return recorded[:stop_after], [], True
+            if stop:  # nothing is recorded after the stop
+                return recorded, [], True
             return recorded, out, False  # the outputs without the replay's graph
 
         self._m.begin_segment(replay, devices, [args[i] for i in at])
