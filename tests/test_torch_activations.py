@@ -457,10 +457,37 @@ class BadInput(unittest.TestCase):
             spillway.activations(policy="mru")
         with self.assertRaisesRegex(ValueError, "prefetch -1 is invalid"):
             spillway.activations(prefetch=-1)
-        with self.assertRaisesRegex(ValueError, "invalid size"):
+        with self.assertRaisesRegex(ValueError, "max_resident 'lots' is invalid: it does not start with a number"):
             spillway.activations(max_resident="lots")
-        with self.assertRaisesRegex(ValueError, "size -1 is invalid"):
+        with self.assertRaisesRegex(ValueError, "max_spilled -1 is invalid"):
             spillway.activations(max_spilled=-1)
+        with self.assertRaisesRegex(ValueError, "min_bytes -1 is invalid"):
+            spillway.activations(min_bytes=-1)
+        with self.assertRaisesRegex(ValueError, "min_bytes None is invalid"):
+            spillway.activations(min_bytes=None)
+        with self.assertRaisesRegex(ValueError, "min_bytes 0.5 is invalid: expected a whole number"):
+            spillway.activations(min_bytes=0.5)
+        with self.assertRaisesRegex(ValueError, "max_resident False is invalid"):
+            spillway.activations(max_resident=False)
+        with self.assertRaisesRegex(ValueError, "prefetch True is invalid"):
+            spillway.activations(prefetch=True)
+        with self.assertRaisesRegex(ValueError, "link_bandwidth 'fast' is invalid"):
+            spillway.activations(link_bandwidth="fast")
+        with self.assertRaisesRegex(ValueError, "link_bandwidth"):
+            spillway.activations(link_bandwidth=0.0)
+
+    def test_sizes_may_be_strings_or_whole_floats(self):
+        acts = spillway.activations(max_resident="1.5MiB", min_bytes="64KiB", max_spilled=4e6)
+        self.assertIsInstance(acts, spillway.ActivationManager)
+        acts.close()
+        self.assertEqual(spillway.parse_size("64KiB"), 65536)
+        self.assertEqual(spillway.parse_size(8e9), 8_000_000_000)
+        self.assertIsNone(spillway.parse_size(None))
+        for bad, why in ((1.5, "whole number"), (float("nan"), "whole number"), (True, "whole number"),
+                         ([1], "whole number"), ("-1MiB", "negative"), (-3, "non-negative")):
+            with self.subTest(bad=bad):
+                with self.assertRaisesRegex(ValueError, "spillway: size .* is invalid: .*" + why):
+                    spillway.parse_size(bad)
         with self.assertRaisesRegex(ValueError, "segments 0 is invalid"):
             spillway.Sequential(mlp(depth=1), 0)
 

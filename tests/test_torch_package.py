@@ -112,8 +112,29 @@ class Package(unittest.TestCase):
             spillway.install(backend="sim", budget="64MiB")
             raises(ValueError, "already installed", spillway.install, backend="sim")
             raises(ValueError, "size -5 is invalid", spillway.set_budget, -5)
+            raises(ValueError, "size 2.5 is invalid: expected a whole number", spillway.set_budget, 2.5)
+            raises(ValueError, "size 'lots' is invalid: it does not start", spillway.set_budget, "lots")
+            spillway.set_budget(32e6)
+            assert spillway.get_budget() == 32_000_000
             raises(ValueError, "invalid device 3", spillway.set_budget, 1 << 20, device=3)
         """)
+
+    def test_backend_cuda_without_a_device_fails_clearly_and_installs_nothing(self):
+        # CUDA_VISIBLE_DEVICES="" hides every GPU, so this runs the same with or without one.
+        rc, out, err = run("""
+            import spillway, torch
+            try:
+                spillway.install(budget="1GiB")  # backend cuda, the default
+            except RuntimeError as e:
+                assert "no usable CUDA device" in str(e) and "backend:sim" in str(e), e
+            else:
+                raise SystemExit("no error")
+            assert not spillway.is_installed()
+            assert not torch.cuda.is_initialized()
+            spillway.install(backend="sim", budget="64MiB")  # nothing was left half-installed
+            assert spillway.get_budget() == 64 << 20
+        """, extra_env={"CUDA_VISIBLE_DEVICES": ""})
+        self.assertEqual(rc, 0, f"stdout:\n{out}\nstderr:\n{err}")
 
     def test_budget_below_live_memory_is_refused_and_the_old_one_stays(self):
         self.check("""

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "activation_manager.hpp"
+#include "byte_size.hpp"
 #include "sim_cpu_tensors.hpp"
 #include "config_string.hpp"
 #include "crash_backtrace.hpp"
@@ -271,6 +272,9 @@ PYBIND11_MODULE(_C, m) {
           return d;
         },
         py::arg("text"), "Parses a SPILLWAY_CONF text; ValueError names the bad setting.");
+
+  m.def("parse_bytes", [](const std::string& text) { return parse_bytes(text); }, py::arg("text"),
+        "Bytes from a size text (\"8GiB\", \"1e9\"); ValueError says what is wrong with it.");
 
   m.def("install",
         [](const std::string& text) {

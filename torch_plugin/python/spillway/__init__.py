@@ -28,6 +28,7 @@ torch.OutOfMemoryError with spillway's account of the budget; unsupported alloca
 """
 
 import contextlib
+import math
 import os
 import warnings
 
@@ -77,19 +78,36 @@ def _torch_conf_settings():
     return settings, ignored
 
 
-def parse_size(value):
-    """An int number of bytes, or None for "no limit", from an int or a size string ("8GiB")."""
-    if value is None or isinstance(value, bool):
-        if value is None:
-            return None
-        raise ValueError(f"spillway: size {value!r} is invalid: expected an int or a string like '8GiB'")
+def _size_or_none(value):
+    """parse_size without the message's head: ValueError(what is wrong) for a bad value."""
+    if value is None:
+        return None
+    expected = "expected a whole number of bytes >= 0 or a string like '8GiB'"
+    if isinstance(value, bool):
+        raise ValueError(expected)
+    if isinstance(value, float):
+        if not (math.isfinite(value) and value.is_integer()):
+            raise ValueError(expected)
+        value = int(value)
     if isinstance(value, int):
         if value < 0:
-            raise ValueError(f"spillway: size {value} is invalid: expected a non-negative number of bytes")
+            raise ValueError("expected a non-negative number of bytes")
         return value
     if isinstance(value, str):
-        return _C.parse_config(f"budget:{value}")["budget"]
-    raise ValueError(f"spillway: size {value!r} is invalid: expected an int or a string like '8GiB'")
+        try:
+            return _C.parse_bytes(value)
+        except ValueError as e:  # 'invalid size "x": what is wrong; the accepted forms'
+            raise ValueError(str(e).split(": ", 1)[-1]) from None
+    raise ValueError(expected)
+
+
+def parse_size(value):
+    """An int number of bytes, or None for "no limit", from an int, a whole float (8e9) or a size
+    string ("8GiB", "1.5GiB", "1e9"). ValueError names a bad value and says what is wrong."""
+    try:
+        return _size_or_none(value)
+    except ValueError as e:
+        raise ValueError(f"spillway: size {value!r} is invalid: {e}") from None
 
 
 def _conf_text(settings):

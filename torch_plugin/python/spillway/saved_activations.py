@@ -102,22 +102,35 @@ def _running_stats_kept(modules):
                         live.copy_(old)
 
 
+def _size_argument(name, value):
+    """Bytes (or None) from an argument of activations(); ValueError names it and its value."""
+    from . import _size_or_none
+    try:
+        return _size_or_none(value)
+    except ValueError as e:
+        raise ValueError(f"spillway.activations: {name} {value!r} is invalid: {e}") from None
+
+
 class ActivationManager:
     """The saved activations of one `activations()` block (see the module docstring)."""
 
     def __init__(self, max_resident=None, mode="hybrid", policy=None, prefetch=2,
                  min_bytes=1 << 16, link_bandwidth=None, max_spilled=None):
-        from . import parse_size
-        if not isinstance(prefetch, int) or prefetch < 0:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"spillway.activations: prefetch {prefetch!r} is invalid: expected an "
                              "int >= 0")
-        if not isinstance(min_bytes, int) or min_bytes < 0:
-            raise ValueError(f"spillway.activations: min_bytes {min_bytes!r} is invalid: expected "
-                             "an int >= 0")
-        self._m = _C.ActivationManager(parse_size(max_resident), mode, policy or _default_policy,
-                                       prefetch, min_bytes,
+        smallest = _size_argument("min_bytes", min_bytes)
+        if smallest is None:
+            raise ValueError("spillway.activations: min_bytes None is invalid: expected bytes >= 0 "
+                             "or a size string like '64KiB'")
+        if link_bandwidth is not None and (isinstance(link_bandwidth, bool) or
+                                           not isinstance(link_bandwidth, (int, float))):
+            raise ValueError(f"spillway.activations: link_bandwidth {link_bandwidth!r} is invalid: "
+                             "expected bytes per second > 0, or None to measure it")
+        self._m = _C.ActivationManager(_size_argument("max_resident", max_resident), mode,
+                                       policy or _default_policy, prefetch, smallest,
                                        None if link_bandwidth is None else float(link_bandwidth),
-                                       parse_size(max_spilled))
+                                       _size_argument("max_spilled", max_spilled))
 
     def stats(self):
         return self._m.stats()
@@ -244,7 +257,7 @@ def activations(max_resident=None, mode="hybrid", policy=None, prefetch=2, min_b
     max_resident: bytes (or "512MiB") of evictable saved activations kept resident; None: evict only under
     the installed allocator's budget. mode: "hybrid", "spill" or "drop". policy: "dtr", "lru",
     "largest" (default: spillway.install's). prefetch: spilled activations copied back ahead of use.
-    min_bytes: smaller tensors are saved as they are. link_bandwidth: host link bytes per second for
+    min_bytes: bytes (or "64KiB"); smaller tensors are saved as they are. link_bandwidth: host link bytes per second for
     the spill-or-recompute choice; None: measured per device, each way, from the copies of every
     manager in the process (25e9 until the first; stats: spill_bytes_per_s, restore_bytes_per_s).
     max_spilled: bytes (or "4GiB") of host memory (pinned, for CUDA)
