@@ -2,6 +2,7 @@
 #include "evict_sim_chain.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 #include "spillway/size_classes.hpp"
 
@@ -138,7 +139,9 @@ chain_model extract_chain(const op_trace::trace_data& t, const op_trace::livenes
 rotor_point rotor_at(const chain_model& c, std::size_t device_budget, std::size_t memory_slots) {
   rotor_point r;
   if (!c.ok || device_budget <= c.fixed_bytes) return r;
+  const auto start = std::chrono::steady_clock::now();
   const eviction::rotor_plan plan = eviction::plan_rotor(c.chain, device_budget - c.fixed_bytes, memory_slots);
+  r.plan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.feasible = plan.feasible;
   if (!plan.feasible) return r;
   r.extra_cost_ns = plan.extra_cost;
@@ -152,10 +155,13 @@ rotor_point rotor_at(const chain_model& c, std::size_t device_budget, std::size_
 rotor_point best_rotor_at(const std::vector<const chain_model*>& models, std::size_t device_budget,
                           std::size_t memory_slots) {
   rotor_point best;
+  double seconds = 0;
   for (const chain_model* c : models) {
     const rotor_point p = rotor_at(*c, device_budget, memory_slots);
+    seconds += p.plan_seconds;
     if (p.feasible && (!best.feasible || p.extra_cost_ns < best.extra_cost_ns)) best = p;
   }
+  best.plan_seconds = seconds;
   return best;
 }
 

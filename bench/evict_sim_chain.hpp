@@ -55,6 +55,7 @@ struct rotor_point {
   std::size_t peak_bytes = 0; // the plan's peak + fixed_bytes
   bool least_memory_fallback = false;
   std::size_t stages = 0;     // of the decomposition planned (best_rotor_at: the better one)
+  double plan_seconds = 0;    // host wall time of plan_rotor (best_rotor_at: of every decomposition)
 };
 
 // rotor at a device budget (bytes); infeasible when the budget does not cover fixed_bytes.

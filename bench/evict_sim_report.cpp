@@ -186,6 +186,7 @@ void write_json(bench::json_writer& j, const std::vector<trace_report>& reports)
       for (std::size_t i = 0; i < r.ratios.size(); ++i) {
         const rotor_point& p = r.rotor.at[i];
         j.begin_object().field("ratio", r.ratios[i]).field("feasible", p.feasible);
+        j.field("plan_seconds", p.plan_seconds);
         if (p.feasible) {
           j.field("extra_ns", p.extra_cost_ns).field("overhead", p.extra_cost_ns / static_cast<double>(r.baseline.total_ns));
           j.field("peak_bytes", static_cast<std::uint64_t>(p.peak_bytes)).field("least_memory_fallback", p.least_memory_fallback);

@@ -28,13 +28,6 @@ namespace {
 
 constexpr double inf = std::numeric_limits<double>::infinity();
 
-// Debug and sanitizer builds run the DP several times slower; only optimised builds check the time.
-#if defined(NDEBUG) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-constexpr bool timing_is_meaningful = true;
-#else
-constexpr bool timing_is_meaningful = false;
-#endif
-
 chain_stage stage(double uf, double ub, std::size_t x, std::size_t xbar, std::size_t fo = 0,
                   std::size_t bo = 0) {
   return chain_stage{uf, ub, x, xbar, fo, bo};
@@ -353,9 +346,17 @@ TEST_CASE("bad input is refused with the value and what was expected") {
   c = good;
   c.stages.assign(9, good.stages[0]);
   refuses([&] { plan_brute_force(c, 1000); }, "expected at most 8");
+  // Too long for the tables: refused before any is allocated (16,384 x 16,384 / 2 rows would be
+  // gigabytes even with one slot).
+  c.stages.assign(16400, good.stages[0]);
+  refuses([&] { plan_rotor(c, 1 << 20, 1); }, "the chain has 16400 stages; expected few enough");
+  refuses([&] { rotor_lower_bound(c, 1 << 20, 1); }, "the chain has 16400 stages");
+  refuses([&] { rotor_min_budget(c); }, "the chain has 16400 stages");
 }
 
-TEST_CASE("chains of 50 and 100 stages plan fast with 500 slots") {
+// The planning time is printed, not checked (no timing in tests): spillway-evict-sim reports it
+// (rotor points' plan_seconds).
+TEST_CASE("chains of 50 and 100 stages plan with 500 slots") {
   std::mt19937_64 rng(3);
   for (int length : {50, 100}) {
     const chain c = ragged_chain(rng, length);
@@ -371,7 +372,6 @@ TEST_CASE("chains of 50 and 100 stages plan fast with 500 slots") {
                    << "): extra cost " << plan.extra_cost << " of " << plan.total_cost - plan.extra_cost
                    << ", " << plan.ops.size() << " ops, " << seconds << " s");
       CHECK(plan.total_cost >= rotor_lower_bound(c, budget));
-      if (timing_is_meaningful) CHECK(seconds < 2.0);
     }
   }
 }

@@ -25,6 +25,15 @@ constexpr std::size_t max_table_cells = std::size_t{1} << 28;  // 3 GiB of table
 std::size_t pair_index(int s, int t) { return static_cast<std::size_t>(t) * (t - 1) / 2 + (s - 1); }
 std::size_t pair_count(int length) { return static_cast<std::size_t>(length + 1) * (length + 2) / 2; }
 
+// Every table has a row per segment [s, t] (pair_count), times the slots for the cost tables: a
+// chain too long for even one slot would ask for gigabytes (and hours) before failing.
+void check_table_rows(const char* who, const chain_model& m) {
+  if (2 * pair_count(m.length) > max_table_cells)
+    throw spillway::invalid_argument(
+        std::string(who) + ": the chain has " + std::to_string(m.length) +
+        " stages; expected few enough for stages^2 table rows (about 10000 at most)");
+}
+
 // Emits ops for one step of the recurrence; `recurse(s, t, delta)` emits a sub-segment whose memory
 // is the parent's minus `delta`. choice 0 is the chain step, j >= 1 the leaf step with checkpoint x_{j-1}.
 template <class Recurse>
@@ -199,6 +208,7 @@ rotor_plan finish(const chain& c, const chain_model& m, std::vector<schedule_op>
 
 std::size_t rotor_min_budget(const chain& c) {
   const chain_model m = detail::make_model(c, "rotor_min_budget");
+  check_table_rows("rotor_min_budget", m);
   return least_memory(m).budget();
 }
 
@@ -213,11 +223,8 @@ std::size_t slot_size(const char* who, const chain_model& m, std::size_t budget_
   if (budget_bytes == 0)
     throw spillway::invalid_argument(std::string(who) + ": budget_bytes is 0; expected a positive budget");
   const std::size_t slot = budget_bytes / memory_slots + (budget_bytes % memory_slots != 0 ? 1 : 0);
+  check_table_rows(who, m);
   const std::size_t limit = max_table_cells / (2 * pair_count(m.length));
-  if (limit == 0)
-    throw spillway::invalid_argument(
-        std::string(who) + ": the chain has " + std::to_string(m.length) +
-        " stages; expected few enough for stages^2 table rows (about 10000 at most)");
   if (budget_bytes / slot > limit)
     throw spillway::invalid_argument(std::string(who) + ": memory_slots is " + std::to_string(memory_slots) +
                                      " for " + std::to_string(m.length) + " stages; expected at most " +
