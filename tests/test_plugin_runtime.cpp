@@ -283,6 +283,28 @@ TEST_CASE("make_backends: sim is one device of sim_capacity") {
   CHECK(dev->total_memory() == std::size_t{1} << 30);
 }
 
+TEST_CASE("a bad backend, device count or factory is invalid_argument naming it") {
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const spillway::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no exception");
+  };
+  plugin_config rocm = parse_config("backend:sim");
+  rocm.backend = "rocm";  // parse_config refuses it; a config built in C++ may not
+  CHECK(message([&] { make_backends(rocm); }) ==
+        "spillway: unknown backend \"rocm\": expected cuda or sim");
+  CHECK(message([&] { make_plugin_allocator(rocm, {}); }).find("\"rocm\"") != std::string::npos);
+  sim_devices sims;
+  CHECK(message([&] { plugin_allocator(parse_config("backend:sim"), -2, sims.factory()); }) ==
+        "spillway: plugin_allocator: device count -2 is invalid: expected >= 0");
+  CHECK(message([&] { plugin_allocator(parse_config("backend:sim"), 1, backend_factory{}); })
+            .find("the backend factory is empty") != std::string::npos);
+  CHECK(sims.calls == 0);
+}
+
 TEST_CASE("stream_of: on CUDA cudaStreamLegacy (0x1) is the default stream; elsewhere handles pass through") {
   sim_devices sims;
   // Only the backend's name matters to stream_of; the devices stay simulated.

@@ -262,8 +262,21 @@ TEST_CASE("unsupported features raise NotImplementedError naming the feature") {
   CHECK(message([&] { a->getIpcDevPtr("x"); }).find("CUDA IPC") != std::string::npos);
   CHECK(message([&] { a->getCheckpointState(0, {1, 1}); }).find("getCheckpointState") !=
         std::string::npos);
+  CHECK(message([&] { a->setCheckpointPoolState(0, nullptr); }).find("setCheckpointPoolState") !=
+        std::string::npos);
   a->endAllocateToPool(0, {1, 1});  // never begun: nothing to do, no error
   a->releasePool(0, {1, 1});
+}
+
+TEST_CASE("installing a null allocator is a ValueError, and nothing is installed") {
+  const torch_allocator* before = spillway::torch_plugin::installed();
+  try {
+    spillway::torch_plugin::install(nullptr);
+    FAIL("no exception");
+  } catch (const c10::ValueError& e) {
+    CHECK(std::string(e.what_without_backtrace()).find("the allocator is null") != std::string::npos);
+  }
+  CHECK(spillway::torch_plugin::installed() == before);
 }
 
 TEST_CASE("init checks the device count; enable(false) keeps nothing cached") {

@@ -15,8 +15,14 @@ plugin_allocator::plugin_allocator(plugin_config config, int device_count,
       device_count_(device_count),
       make_backend_(std::move(make_backend)),
       on_warning_(std::move(on_warning)) {
-  if (device_count_ < 0) throw invalid_argument("spillway: plugin_allocator: negative device count");
-  if (!make_backend_) throw invalid_argument("spillway: plugin_allocator: no backend factory");
+  if (device_count_ < 0) {
+    throw invalid_argument("spillway: plugin_allocator: device count " + std::to_string(device_count_) +
+                           " is invalid: expected >= 0");
+  }
+  if (!make_backend_) {
+    throw invalid_argument("spillway: plugin_allocator: the backend factory is empty: expected a "
+                           "function that makes a device's backend (make_backends)");
+  }
   slots_ = std::make_unique<std::atomic<device_allocator*>[]>(static_cast<std::size_t>(device_count_));
   for (int i = 0; i < device_count_; ++i) slots_[i].store(nullptr, std::memory_order_relaxed);
 }

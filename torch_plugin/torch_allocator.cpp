@@ -345,7 +345,8 @@ std::string torch_allocator::name() { return "spillway"; }
 // --- installation --------------------------------------------------------------------------------
 
 void install(std::shared_ptr<torch_allocator> allocator) {
-  TORCH_CHECK(allocator != nullptr, "spillway: install(nullptr)");
+  TORCH_CHECK_VALUE(allocator != nullptr,
+                    "spillway: install: the allocator is null; expected a torch_allocator to install");
   // torch checks that its current allocator has not been initialised (no CUDA memory yet).
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
   std::lock_guard lock(live_mutex);
