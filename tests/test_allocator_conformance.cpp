@@ -671,6 +671,32 @@ TEST_CASE_TEMPLATE("a budget below live allocations is refused; the old one stay
   check_consistent(alloc);
 }
 
+TEST_CASE_TEMPLATE("below_live::accept sets a budget below live allocations; they fit again after frees", B, SPILLWAY_ALL_BACKENDS) {
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  device_allocator alloc(env.backend, env.config());
+  alloc.set_budget(100 * MiB);
+  void* live = alloc.allocate(12 * MiB);
+  void* cached = alloc.allocate(2 * KiB);
+  alloc.deallocate(cached);  // a free 2 MiB small segment
+
+  const budget_report r = alloc.set_budget(8 * MiB, below_live::accept);
+  CHECK(alloc.budget() == 8 * MiB);
+  CHECK(r.released == 2 * MiB);  // the cache above the budget went back
+  CHECK(r.reserved == 12 * MiB);
+  CHECK(r.shortfall == 4 * MiB);
+  CHECK_FALSE(r.met());
+  CHECK(alloc.owns(live));  // nothing live changed
+  CHECK_THROWS_AS(alloc.allocate(1 * MiB), out_of_memory);  // a new segment is over the budget
+  alloc.deallocate(live);
+  alloc.empty_cache();
+  void* fits = alloc.allocate(4 * MiB);  // under the budget again
+  CHECK(fits != nullptr);
+  alloc.deallocate(fits);
+  CHECK_THROWS_AS(alloc.set_budget(0, below_live::accept), spillway::invalid_argument);
+  CHECK(alloc.budget() == 8 * MiB);
+  check_consistent(alloc);
+}
+
 TEST_CASE_TEMPLATE("scoped_budget sets a budget for its scope and restores the previous one", B, SPILLWAY_ALL_BACKENDS) {
   SPILLWAY_BACKEND_OR_SKIP(B, env);
   device_allocator alloc(env.backend, env.config());

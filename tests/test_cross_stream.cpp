@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "allocator_checks.hpp"
@@ -300,4 +301,54 @@ TEST_CASE("empty_cache waits for frees pending on other streams, then releases e
   env->sim->release(b);
   CHECK(alloc.empty_cache() == 12 * MiB);
   CHECK(alloc.snapshot().segments.empty());
+}
+
+TEST_CASE("on_free_completed: at once for own-stream frees, after the other streams for deferred ones") {
+  auto env = make_sim_env();
+  struct completion {
+    void* ptr;
+    std::size_t requested;
+    stream_ref stream;
+  };
+  std::vector<completion> completed;
+  allocator_config config = env->config();
+  config.on_free_completed = [&](void* ptr, std::size_t requested, stream_ref stream) {
+    completed.push_back({ptr, requested, stream});
+  };
+  device_allocator alloc(env->backend, config);
+  const stream_ref a = env->new_stream();
+  const stream_ref b = env->new_stream();
+
+  void* p = alloc.allocate(5000, a);
+  CHECK(completed.empty());
+  CHECK(alloc.deallocate(p) == free_status::freed);
+  REQUIRE(completed.size() == 1);
+  CHECK(completed[0].ptr == p);
+  CHECK(completed[0].requested == 5000);  // what was asked for, not the rounded block
+  CHECK(completed[0].stream == a);
+
+  void* x = alloc.allocate(12 * MiB, a);
+  alloc.record_stream(x, b);
+  env->sim->hold(b);
+  env->sim->launch(b, 1000);  // b's use of x, stuck behind the hold
+  CHECK(alloc.deallocate(x) == free_status::deferred);
+  void* y = alloc.allocate(12 * MiB, a);  // the slow path reaps: x's event has not completed
+  CHECK(completed.size() == 1);
+  env->sim->release(b);
+  env->sim->run_until_idle();
+  CHECK(completed.size() == 1);  // nothing reaped yet: no call has looked
+  alloc.empty_cache();           // reaps x's event, then releases what is free
+  REQUIRE(completed.size() == 2);
+  CHECK(completed[1].ptr == x);
+  CHECK(completed[1].requested == 12 * MiB);
+  CHECK(completed[1].stream == a);
+
+  // A throwing observer changes nothing: the block is freed all the same.
+  alloc.deallocate(y);
+  config.on_free_completed = [](void*, std::size_t, stream_ref) { throw std::runtime_error("no"); };
+  device_allocator other(env->backend, config);
+  void* z = other.allocate(4096, a);
+  CHECK(other.deallocate(z) == free_status::freed);
+  CHECK(other.stats().allocated_bytes[0].current == 0);
+  check_stats_match_snapshot(alloc.stats(), alloc.snapshot());
 }

@@ -209,6 +209,12 @@ free_status device_allocator::deallocate(void* ptr) noexcept {
 
 // Returns a block to its pool, coalescing it with free neighbours. See Note [Block tiling].
 void device_allocator::impl::free_block_locked(block* b) noexcept {
+  if (config.on_free_completed) [[unlikely]] {  // before the block can be handed out again
+    try {
+      config.on_free_completed(reinterpret_cast<void*>(b->address), b->requested_size, b->stream);
+    } catch (...) {
+    }
+  }
   if (b->status == block_status::pending_free) --b->seg->pending_blocks;
   block_pool& pool = pool_of(b);
   update_active_stats(stats, pool, -1, static_cast<std::int64_t>(b->size),
@@ -352,9 +358,9 @@ bool device_allocator::holds(const void* ptr) const noexcept {
   return impl_->segment_containing_locked(reinterpret_cast<std::uintptr_t>(ptr)) != nullptr;
 }
 
-budget_report device_allocator::set_budget(std::size_t bytes) {
+budget_report device_allocator::set_budget(std::size_t bytes, below_live when_below) {
   std::unique_lock lock(impl_->mutex);
-  return impl_->set_budget_releasing_lock(lock, bytes, /*strict=*/true);
+  return impl_->set_budget_releasing_lock(lock, bytes, /*strict=*/when_below == below_live::refuse);
 }
 
 std::size_t device_allocator::budget() const noexcept {

@@ -9,6 +9,8 @@
 #include <limits>
 #include <string>
 
+#include "spillway/device_backend.hpp"
+
 namespace spillway {
 
 inline constexpr std::size_t unlimited_budget = std::numeric_limits<std::size_t>::max();
@@ -41,6 +43,15 @@ struct allocator_config {
   // live, a destructor finding live allocations, an option that was ignored. Default: stderr.
   // It may be called with the device lock held: it must not call back into the allocator.
   std::function<void(const std::string&)> on_warning;
+
+  // Told when a deallocated block returns to its pool and may be handed out again: from
+  // deallocate at once, or, for a block other streams used, once their events have completed
+  // (Note [Cross-stream frees]), whichever call reaps them. It gets the pointer, the size the
+  // allocation asked for and its stream. For allocation traces (torch's FREE_COMPLETED): called
+  // with the device lock held, before any other thread can be given the memory, so a trace
+  // never shows the memory's next allocation first. Like on_warning it must not call back into
+  // the allocator; what it throws is dropped. Default: none.
+  std::function<void(void* ptr, std::size_t requested_size, stream_ref stream)> on_free_completed;
 };
 
 }  // namespace spillway

@@ -16,7 +16,8 @@
 // - The budget caps reserved (physical) bytes. Lowering it releases cached memory first, then asks
 //   the pressure handlers; a budget below the bytes in live allocations that cannot be evicted is
 //   refused with invalid_argument and leaves the old budget in force (without handlers the refusal
-//   comes before anything is released).
+//   comes before anything is released), or, with below_live::accept, is set all the same: new
+//   segments then fail until frees bring reserved memory under it (the report's shortfall).
 // - Backend calls (event queries, synchronisation) are made with the device lock held: work they
 //   run (a simulated kernel's effect) and config.on_warning must not call back into the allocator.
 // - Every public method takes the device lock (one std::mutex); pressure handlers run without it.
@@ -45,6 +46,13 @@ enum class free_status {
   unknown_pointer,   // not in any segment of this allocator
   not_live,          // inside a segment but not a live allocation: already freed, or not a block start
   null_pointer,      // nullptr: nothing to free (like cudaFree(nullptr)); neither counted nor reported
+};
+
+// What set_budget does with a budget below the bytes that live allocations hold after eviction.
+enum class below_live {
+  refuse,  // invalid_argument naming both; the old budget stays
+  accept,  // set it: allocations that need a new segment fail until enough is freed (torch's
+           // set_per_process_memory_fraction behaves so)
 };
 
 struct budget_report {
@@ -130,7 +138,7 @@ class device_allocator {
   void* allocate_cached(std::size_t bytes, stream_ref stream, const void* outside);
   std::size_t cached_free_bytes() const noexcept;
 
-  budget_report set_budget(std::size_t bytes);
+  budget_report set_budget(std::size_t bytes, below_live when_below = below_live::refuse);
   std::size_t budget() const noexcept;
 
   std::size_t empty_cache();  // releases every free segment and the free tails of expandable ones
