@@ -234,7 +234,16 @@ void budgets_and_fractions() {
   lib().set_memory_fraction(0.125, 0);
   CHECK(lib().stats().budget == total / 8);
   lib().set_memory_fraction(1.5, 0);  // PyTorch's hook cannot fail: reported, nothing changes
-  CHECK(contains(lib().error(), "spillway_set_memory_fraction(1.500000, device 0): expected a fraction in (0, 1]"));
+  CHECK(contains(lib().error(), "spillway_set_memory_fraction(1.500000, device 0): expected a fraction in [0, 1]"));
+  CHECK(lib().stats().budget == total / 8);
+  // Below what is live, as torch's fraction: set, and allocations fail until frees (unlike
+  // set_budget above).
+  p = lib().malloc(16 * M, 0, nullptr);
+  lib().set_memory_fraction(0.0, 0);
+  CHECK(lib().stats().budget == 1);
+  CHECK(lib().try_malloc(16 * M, 0, nullptr) == nullptr);
+  lib().free(p, 16 * M, 0, nullptr);
+  lib().set_memory_fraction(0.125, 0);
   CHECK(lib().stats().budget == total / 8);
   lib().set_memory_fraction(0.5, 3);
   CHECK(contains(lib().error(), "invalid device 3"));

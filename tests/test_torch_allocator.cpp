@@ -12,8 +12,12 @@
 
 #include <c10/util/Exception.h>
 
+#include <chrono>
+#include <future>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "config_string.hpp"
 #include "torch_allocator.hpp"
@@ -96,14 +100,18 @@ TEST_CASE("stats in c10's layout, and their resets") {
 
 TEST_CASE("out of memory: c10::OutOfMemoryError, observers called, nothing changed") {
   auto a = make("budget:16MiB");
+  a->recordHistory(true, nullptr, 100, cca::RecordContext::STATE, true, {});
   void* p = a->raw_alloc(4 * MiB);
   int calls = 0;
-  std::size_t seen_allocated = 0, seen_total = 0;
-  a->attachOutOfMemoryObserver([&](int64_t device, size_t allocated, size_t total, size_t) {
+  std::size_t seen_allocated = 0, seen_total = 0, seen_free = 0;
+  // As PyTorch's: the rounded request, the memory the process may use (the budget) and the
+  // device's free memory.
+  a->attachOutOfMemoryObserver([&](int64_t device, size_t allocated, size_t total, size_t free) {
     ++calls;
     CHECK(device == 0);
     seen_allocated = allocated;
     seen_total = total;
+    seen_free = free;
   });
   const auto before = a->getDeviceStats(0);
   try {
@@ -115,11 +123,27 @@ TEST_CASE("out of memory: c10::OutOfMemoryError, observers called, nothing chang
     CHECK(what.find("budget 16.00 MiB") != std::string::npos);
   }
   CHECK(calls == 1);
-  CHECK(seen_allocated == 4 * MiB);
-  CHECK(seen_total == std::size_t{1} << 30);
+  CHECK(seen_allocated == 64 * MiB);
+  CHECK(seen_total == 16 * MiB);
+  CHECK(seen_free > 0);
   const auto after = a->getDeviceStats(0);
   CHECK(after.num_ooms == before.num_ooms + 1);
   CHECK(after.allocated_bytes[0].current == before.allocated_bytes[0].current);
+  const auto trace = a->snapshot().device_traces[0];
+  REQUIRE(trace.size() == 2);
+  CHECK(trace[1].action_ == TraceAction::OOM);
+  CHECK(trace[1].size_ == 64 * MiB);    // what PyTorch's memory viewer prints as requested
+  CHECK(trace[1].addr_ == seen_free);  // PyTorch writes the device's free memory there
+
+  // A request over what any device could hold is out of memory too, as in PyTorch.
+  try {
+    (void)a->allocate(std::size_t{1} << 60);
+    FAIL("no error");
+  } catch (const c10::OutOfMemoryError& e) {
+    CHECK(std::string(e.what_without_backtrace()).find("CUDA out of memory") != std::string::npos);
+  }
+  CHECK(calls == 2);
+  CHECK(seen_allocated == std::size_t{1} << 60);
   a->raw_delete(p);
 }
 
@@ -159,9 +183,18 @@ TEST_CASE("snapshot: segments and blocks, with history contexts and traces") {
   CHECK(trace[0].addr_ == reinterpret_cast<std::size_t>(p));
   CHECK(trace[0].size_ == 3 * MiB);
   CHECK(trace[1].action_ == TraceAction::ALLOC);
+  // A free's entries carry the allocation's requested size and stream, as PyTorch's do (its
+  // memory viewer rebuilds freed blocks from them).
+  for (int i : {2, 3}) {
+    CAPTURE(i);
+    CHECK(trace[i].addr_ == reinterpret_cast<std::size_t>(q));
+    CHECK(trace[i].size_ == 5 * MiB);
+    CHECK(trace[i].stream_ == trace[1].stream_);
+  }
   CHECK(trace[2].action_ == TraceAction::FREE_REQUESTED);
   CHECK(trace[3].action_ == TraceAction::FREE_COMPLETED);
   CHECK(trace[2].context_ != nullptr);  // ALL: frees carry a context too
+  CHECK(trace[3].context_ == trace[2].context_);
 
   // skip_actions and the ring size.
   a->recordHistory(true, &record_tag, 2, cca::RecordContext::STATE, true, {"free_completed"});
@@ -172,6 +205,20 @@ TEST_CASE("snapshot: segments and blocks, with history contexts and traces") {
   CHECK(ring[1].action_ == TraceAction::FREE_REQUESTED);
   CHECK(ring[0].context_ == nullptr);  // STATE keeps contexts for live blocks only
 
+  // ALLOC: entries carry contexts, a free's being its allocation's (none is gathered at frees).
+  a->recordHistory(true, &record_tag, 100, cca::RecordContext::ALLOC, true, {});
+  void* r = a->raw_alloc(MiB);
+  const int tag_of_r = next_tag;
+  a->raw_delete(r);
+  auto alloc_ring = a->snapshot().device_traces[0];
+  REQUIRE(alloc_ring.size() == 3);
+  CHECK(next_tag == tag_of_r);
+  for (const auto& entry : alloc_ring) {
+    auto ctx = std::dynamic_pointer_cast<tagged_context>(entry.context_);
+    REQUIRE(ctx != nullptr);
+    CHECK(ctx->tag == tag_of_r);
+  }
+
   CHECK_THROWS_AS(a->recordHistory(true, &record_tag, 2, cca::RecordContext::STATE, true, {"fly"}),
                   c10::Error);
   a->recordHistory(false, nullptr, 0, cca::RecordContext::NEVER, true, {});
@@ -179,6 +226,48 @@ TEST_CASE("snapshot: segments and blocks, with history contexts and traces") {
   CHECK(a->snapshot().device_traces[0].empty());
   CHECK(a->snapshot({0, 0}, false).device_traces.empty());
   a->raw_delete(p);
+}
+
+namespace {
+// For the recorder cases below: the recorder is a plain function, so its state is global.
+torch_allocator* probed = nullptr;
+void* probe_target = nullptr;
+bool probe_finished = false;
+bool recorder_fails = false;
+
+// Frees probe_target from another thread while this one is inside the recorder, and sees whether
+// that free got through. torch's recorder takes the GIL: a free (from Python, holding the GIL)
+// waiting on a lock the recorder's thread holds would deadlock the two.
+std::shared_ptr<c10::GatheredContext> probing_recorder() {
+  if (void* target = std::exchange(probe_target, nullptr); target != nullptr) {
+    auto other = std::async(std::launch::async, [target] { probed->raw_delete(target); });
+    probe_finished = other.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  }
+  if (recorder_fails) throw std::runtime_error("recorder failed");
+  return record_tag();
+}
+}  // namespace
+
+TEST_CASE("the recorder runs outside the history's lock: another thread's free gets through") {
+  auto a = make();
+  probed = a.get();
+  a->recordHistory(true, &probing_recorder, 100, cca::RecordContext::ALL, true, {});
+  probe_target = a->raw_alloc(MiB);
+  void* p = a->raw_alloc(2 * MiB);  // its context is gathered while the other thread frees
+  CHECK(probe_finished);
+  CHECK(allocated_now(*a) == static_cast<std::int64_t>(2 * MiB));
+  a->raw_delete(p);
+  a->recordHistory(false, nullptr, 0, cca::RecordContext::NEVER, true, {});
+}
+
+TEST_CASE("an allocation whose record fails is freed, and the error reaches the caller") {
+  auto a = make();
+  a->recordHistory(true, &probing_recorder, 100, cca::RecordContext::STATE, true, {});
+  recorder_fails = true;
+  CHECK_THROWS_WITH_AS(a->raw_alloc(MiB), "recorder failed", std::runtime_error);
+  recorder_fails = false;
+  CHECK(allocated_now(*a) == 0);
+  a->recordHistory(false, nullptr, 0, cca::RecordContext::NEVER, true, {});
 }
 
 TEST_CASE("trace trackers see every event") {
@@ -195,8 +284,18 @@ TEST_CASE("cacheInfo, empty_cache, memory info, memory fraction") {
   a->cacheInfo(0, &largest);
   CHECK(largest == 64 * MiB);  // nothing cached: the budget's headroom
   a->raw_delete(a->raw_alloc(8 * MiB));
+  largest = 0;
   a->cacheInfo(0, &largest);
-  CHECK(largest >= 8 * MiB);
+  // As PyTorch: the larger of a new segment's room and the cache (8 MiB took a 20 MiB segment).
+  CHECK(largest == 44 * MiB);
+  a->setMemoryFraction(20.0 / 1024, 0);  // the budget is what is reserved: no room for a segment
+  largest = 0;
+  a->cacheInfo(0, &largest);
+  CHECK(largest == 20 * MiB);  // the cached block
+  largest = 100 * MiB;        // the caller's guess counts, as in PyTorch
+  a->cacheInfo(0, &largest);
+  CHECK(largest == 100 * MiB);
+  a->setMemoryFraction(64.0 / 1024, 0);
   auto [free, total] = a->getMemoryInfo(0);
   CHECK(total == 64 * MiB);
   CHECK(free == 64 * MiB);
@@ -210,9 +309,18 @@ TEST_CASE("cacheInfo, empty_cache, memory info, memory fraction") {
   CHECK_THROWS_AS(a->setMemoryFraction(1.5, 0), c10::ValueError);
   CHECK(a->device(0).budget() == 512 * MiB);
   void* p = a->raw_alloc(40 * MiB);
-  CHECK_THROWS_AS(a->setMemoryFraction(0.01, 0), c10::ValueError);  // below live memory
-  CHECK(a->device(0).budget() == 512 * MiB);
+  // Below live memory, as PyTorch takes it: set, and what needs a new segment fails until frees.
+  a->setMemoryFraction(0.01, 0);
+  CHECK(a->device(0).budget() == static_cast<std::size_t>(0.01 * 1024 * MiB));
+  CHECK_THROWS_AS(a->raw_alloc(4 * MiB), c10::OutOfMemoryError);
   a->raw_delete(p);
+  void* fits = a->raw_alloc(4 * MiB);
+  CHECK(fits != nullptr);
+  a->raw_delete(fits);
+  a->setMemoryFraction(0.0, 0);  // no new memory at all
+  CHECK(a->device(0).budget() == 1);
+  a->emptyCache();
+  CHECK_THROWS_AS(a->raw_alloc(4 * MiB), c10::OutOfMemoryError);
   a->setMemoryFraction(1.0, 0);
   CHECK(a->getMemoryFraction(0) == doctest::Approx(1.0));
 }

@@ -102,15 +102,17 @@ void spillway_empty_cache(void) {
 void spillway_set_memory_fraction(double fraction, int device) {
   entry_scope scope;
   reported([&] {
-    if (!(fraction > 0.0 && fraction <= 1.0)) {
+    if (!(fraction >= 0.0 && fraction <= 1.0)) {
       throw spillway::invalid_argument("spillway: spillway_set_memory_fraction(" +
                                        std::to_string(fraction) + ", device " + std::to_string(device) +
-                                       "): expected a fraction in (0, 1]; the budget is unchanged");
+                                       "): expected a fraction in [0, 1]; the budget is unchanged");
     }
     spillway::device_allocator& d = process_allocator().device(device);
     const auto bytes = static_cast<std::size_t>(static_cast<long double>(fraction) *
                                                 static_cast<long double>(d.backend().total_memory()));
-    d.set_budget(std::max<std::size_t>(bytes, 1));
+    // As torch's memory fraction: taken below the memory in use too (allocations then fail until
+    // frees), and 0 leaves no room for a new segment.
+    d.set_budget(std::max<std::size_t>(bytes, 1), spillway::below_live::accept);
   });
 }
 

@@ -10,11 +10,13 @@ namespace spillway {
 
 plugin_allocator::plugin_allocator(plugin_config config, int device_count,
                                    backend_factory make_backend,
-                                   std::function<void(const std::string&)> on_warning)
+                                   std::function<void(const std::string&)> on_warning,
+                                   free_observer on_free_completed)
     : config_(std::move(config)),
       device_count_(device_count),
       make_backend_(std::move(make_backend)),
-      on_warning_(std::move(on_warning)) {
+      on_warning_(std::move(on_warning)),
+      on_free_completed_(std::move(on_free_completed)) {
   if (device_count_ < 0) {
     throw invalid_argument("spillway: plugin_allocator: device count " + std::to_string(device_count_) +
                            " is invalid: expected >= 0");
@@ -47,6 +49,12 @@ device_allocator& plugin_allocator::device(int index) {
   allocator_config ac = config_.allocator;
   ac.budget = budget_for_device(config_, index, backend->total_memory());
   if (on_warning_) ac.on_warning = on_warning_;
+  if (on_free_completed_) {
+    ac.on_free_completed = [observer = on_free_completed_, index](void* ptr, std::size_t size,
+                                                                  stream_ref stream) {
+      observer(index, ptr, size, stream);
+    };
+  }
   owned_.push_back(std::make_unique<device_allocator>(std::move(backend), std::move(ac)));
   device_allocator& created = *owned_.back();
   for (handler_entry& h : handlers_) h.per_device[index] = created.add_pressure_handler(h.handler);
@@ -137,6 +145,7 @@ memory_info plugin_allocator::memory_info_of(int device_index) {
   const std::size_t headroom = std::min(budget > reserved ? budget - reserved : 0, device_free);
   const std::size_t cached = reserved > allocated ? reserved - allocated : 0;
   info.free = std::min(headroom + cached, info.total);
+  info.headroom = std::min(headroom, info.total);
   return info;
 }
 

@@ -6,7 +6,8 @@
 //   for backend "cuda") is created the first time that device is used, never before: a process
 //   that uses one GPU of eight touches only that one. Any other index is invalid_argument.
 // - Each device gets config.allocator with the budget budget_for_device() gives it
-//   (config_string.hpp); warnings go to on_warning (default: stderr).
+//   (config_string.hpp); warnings go to on_warning (default: stderr), and on_free_completed, when
+//   given, is each device's allocator_config::on_free_completed, told the device index too.
 // - allocate(device, 0, s) returns nullptr, as cudaMalloc and PyTorch's allocators do for size 0.
 // - deallocate(ptr) says where ptr belongs: a live allocation of one device (freed or deferred),
 //   memory spillway holds but not a live allocation (a double free: reported through on_warning,
@@ -15,7 +16,8 @@
 // - memory_info(device) is what cudaMemGetInfo reports under spillway: total = min(budget, device
 //   memory); free = what new allocations can still get, i.e. the budget's headroom above the
 //   reserved bytes (at most what the device has free) plus the cached bytes the allocator can
-//   reuse or release (reserved - allocated). free <= total.
+//   reuse or release (reserved - allocated). free <= total. headroom is the budget's headroom
+//   alone (at most what the device has free): the largest block a new segment could get.
 // - Thread-safe. Created devices are never destroyed while the plugin_allocator lives.
 #pragma once
 
@@ -43,15 +45,21 @@ enum class free_result {
   foreign,   // not spillway's memory: nothing done
 };
 
+// Told, under the device's lock, when a deallocated block may be handed out again
+// (allocator_config::on_free_completed): device, pointer, requested size, stream.
+using free_observer = std::function<void(int device, void* ptr, std::size_t requested_size, stream_ref stream)>;
+
 struct memory_info {
   std::size_t free = 0;
   std::size_t total = 0;
+  std::size_t headroom = 0;
 };
 
 class plugin_allocator {
  public:
   plugin_allocator(plugin_config config, int device_count, backend_factory make_backend,
-                   std::function<void(const std::string&)> on_warning = {});
+                   std::function<void(const std::string&)> on_warning = {},
+                   free_observer on_free_completed = {});
   ~plugin_allocator();
   plugin_allocator(const plugin_allocator&) = delete;
   plugin_allocator& operator=(const plugin_allocator&) = delete;
@@ -85,6 +93,7 @@ class plugin_allocator {
   int device_count_;
   backend_factory make_backend_;
   std::function<void(const std::string&)> on_warning_;
+  free_observer on_free_completed_;
   std::mutex create_mutex_;                                   // creation only
   std::vector<std::unique_ptr<device_allocator>> owned_;      // guarded by create_mutex_
   std::unique_ptr<std::atomic<device_allocator*>[]> slots_;   // read without a lock

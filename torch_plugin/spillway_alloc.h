@@ -47,7 +47,7 @@ void spillway_free(void* ptr, ssize_t size, int device, struct CUstream_st* stre
  * None of them throws; failures are reported (stderr and spillway_last_error). */
 void spillway_init(int device_count);                       /* builds the allocator now */
 void spillway_empty_cache(void);                            /* torch.cuda.empty_cache() */
-void spillway_set_memory_fraction(double fraction, int device); /* budget = fraction * memory */
+void spillway_set_memory_fraction(double fraction, int device); /* budget = fraction * memory, fraction in [0, 1]; as torch, taken below live memory (allocations then fail until frees) */
 void* spillway_base_alloc(void* ptr, size_t* size);         /* segment base and size */
 void spillway_record_stream(void* ptr, struct CUstream_st* stream); /* tensor.record_stream */
 

@@ -49,7 +49,11 @@ torch_allocator::torch_allocator(plugin_config config, torch_context context)
     : config_(std::move(config)),
       context_(std::move(context)),
       devices_(make_plugin_allocator(
-          config_, [](const std::string& message) { std::cerr << message << '\n'; })) {
+          config_, [](const std::string& message) { std::cerr << message << '\n'; },
+          [this](int device, void* ptr, std::size_t requested, stream_ref stream) {
+            history_.record_free_completed(static_cast<c10::DeviceIndex>(device), ptr, requested,
+                                           reinterpret_cast<void*>(stream.value));
+          })) {
   std::lock_guard lock(live_mutex);
   live_allocators.push_back(this);
 }
@@ -75,34 +79,55 @@ device_allocator& torch_allocator::checked_device(c10::DeviceIndex device, const
 }
 
 void* torch_allocator::allocate_on(c10::DeviceIndex device, size_t nbytes, stream_ref stream) {
-  checked_device(device, "allocate");
+  device_allocator& d = checked_device(device, "allocate");
   if (nbytes == 0) return nullptr;
   stream = devices_->stream_of(reinterpret_cast<const void*>(stream.value));  // cudaStreamLegacy
   void* ptr = nullptr;
   try {
     ptr = devices_->allocate(device, nbytes, stream);
   } catch (const out_of_memory& e) {
-    fail_out_of_memory(device, e);
+    fail_out_of_memory(device, stream, e);
   } catch (const invalid_argument& e) {
-    TORCH_CHECK_VALUE(false, e.what());
+    // The only argument left to refuse is the size (the device was checked): over what any
+    // device could hold, which PyTorch reports as out of memory.
+    out_of_memory::details info;
+    info.device = device;
+    info.requested = info.rounded = nbytes;
+    info.budget = d.budget();
+    fail_out_of_memory(device, stream, out_of_memory(e.what(), info));
   }
-  history_.record(TraceEntry::ALLOC, device, ptr, nbytes, reinterpret_cast<void*>(stream.value));
+  try {
+    history_.record(TraceEntry::ALLOC, device, reinterpret_cast<std::size_t>(ptr), nbytes,
+                    reinterpret_cast<void*>(stream.value));
+  } catch (...) {
+    devices_->deallocate(ptr);  // the caller gets the error, and nothing is held for nobody
+    throw;
+  }
   return ptr;
 }
 
-void torch_allocator::fail_out_of_memory(c10::DeviceIndex device, const std::exception& error) {
-  device_allocator& d = devices_->device(device);
-  const auto allocated = static_cast<size_t>(
-      std::max<std::int64_t>(0, d.stats().allocated_bytes[0].current));
-  const size_t device_total = d.backend().total_memory();
-  const size_t device_free = d.backend().free_memory();
-  history_.record(TraceEntry::OOM, device, reinterpret_cast<void*>(device_free), 0, nullptr);
+// What PyTorch's allocator does on out of memory: an OOM trace entry (the device's free bytes
+// as its address, the rounded request as its size), the observers told (device, the rounded
+// request, the memory it may use: the budget, or the device's memory, and the device's free
+// bytes), then c10::OutOfMemoryError. From the error's details alone: no device call here.
+void torch_allocator::fail_out_of_memory(c10::DeviceIndex device, stream_ref stream,
+                                         const out_of_memory& error) {
+  const out_of_memory::details& d = error.info();
+  const std::size_t total = devices_->device(device).backend().total_memory();
+  const std::size_t allowed = std::min(d.budget, total);
+  try {
+    history_.record(TraceEntry::OOM, device, d.device_free, d.rounded,
+                    reinterpret_cast<void*>(stream.value));
+  } catch (...) {
+  }
   std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> observers;
   {
     std::lock_guard lock(observers_mutex_);
     observers = oom_observers_;
   }
-  for (const auto& observer : observers) observer(device, allocated, device_total, device_free);
+  for (const auto& observer : observers) {
+    observer(device, d.rounded, allowed, d.device_free);
+  }
   TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. ", error.what());
 }
 
@@ -126,16 +151,20 @@ void* torch_allocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream)
 
 bool torch_allocator::release(void* ptr) noexcept {
   // With history or trackers, the free request is recorded before the memory can be reused (a
-  // new allocation at the same address must not lose its context to this free's record); that
-  // needs the device first. Without, the free finds it once.
+  // new allocation at the same address must not lose its context to this free's record), with
+  // the allocation's requested size and stream, as PyTorch's allocator records it; that needs
+  // the device first. Without, the free finds it once. FREE_COMPLETED comes from the device
+  // allocator when the block may be handed out again (the free observer of the constructor).
   device_allocator* holder = nullptr;
   if (history_.active()) {
     holder = devices_->owner_of(ptr);
     if (holder == nullptr) holder = devices_->holder_of(ptr);
     if (holder == nullptr) return false;
     try {
+      const allocation_info info = holder->describe(ptr);  // not live (a double free): no record
       history_.record(TraceEntry::FREE_REQUESTED, static_cast<c10::DeviceIndex>(holder->device()),
-                      ptr, 0, nullptr);
+                      reinterpret_cast<std::size_t>(ptr), info.requested_size,
+                      reinterpret_cast<void*>(info.stream.value));
     } catch (...) {
       // A recorder that fails must not keep the memory: free it anyway.
     }
@@ -143,10 +172,6 @@ bool torch_allocator::release(void* ptr) noexcept {
   const free_result result = devices_->deallocate(ptr, &holder);  // a double free is reported there
   if (result == free_result::foreign) return false;
   try {
-    if (result == free_result::freed && history_.active()) {
-      history_.record(TraceEntry::FREE_COMPLETED, static_cast<c10::DeviceIndex>(holder->device()),
-                      ptr, 0, nullptr);
-    }
     if (!enabled_) holder->empty_cache();
   } catch (...) {
   }
@@ -196,6 +221,11 @@ double torch_allocator::getMemoryFraction(c10::DeviceIndex device) {
   return budget >= total ? 1.0 : static_cast<double>(budget) / static_cast<double>(total);
 }
 
+// torch's set_per_process_memory_fraction: the fraction of the device's memory becomes the
+// budget. As with PyTorch's allocator, any fraction in [0, 1] is taken, below the memory in use
+// too: allocations that need more then fail until enough is freed (spillway.set_budget refuses
+// such a budget instead). Unlike PyTorch's, the cache above the budget is released at once and
+// the pressure handlers asked (the budget caps reserved memory). 0 leaves 1 byte: no new segment.
 void torch_allocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
   TORCH_CHECK_VALUE(fraction >= 0.0 && fraction <= 1.0, "spillway: memory fraction ", fraction,
                     " is invalid: expected a number in [0, 1]");
@@ -203,7 +233,7 @@ void torch_allocator::setMemoryFraction(double fraction, c10::DeviceIndex device
   const auto budget =
       static_cast<std::size_t>(fraction * static_cast<double>(d.backend().total_memory()));
   try {
-    d.set_budget(budget);
+    d.set_budget(std::max<std::size_t>(budget, 1), below_live::accept);
   } catch (const invalid_argument& e) {
     TORCH_CHECK_VALUE(false, e.what());
   }
@@ -223,11 +253,12 @@ bool torch_allocator::isEnabled() const { return enabled_; }
 
 void torch_allocator::cacheInfo(c10::DeviceIndex device, size_t* largest_block) {
   device_allocator& d = checked_device(device, "cacheInfo");
-  // The largest cached block; with none cached, what a new segment could get (PyTorch reports
-  // cudaMemGetInfo's free memory there: under spillway that is the budget's headroom).
-  std::size_t largest = d.largest_free_block();
-  if (largest == 0) largest = devices_->memory_info_of(device).free;
-  *largest_block = largest;
+  // As PyTorch's: the largest of the caller's guess (0: what a new segment could get, which is
+  // cudaMemGetInfo's free memory there and the budget's headroom here) and the largest cached
+  // block. cuDNN sizes its workspace by it.
+  std::size_t largest = *largest_block;
+  if (largest == 0) largest = devices_->memory_info_of(device).headroom;
+  *largest_block = std::max(largest, d.largest_free_block());
 }
 
 void* torch_allocator::getBaseAllocation(void* ptr, size_t* size) {

@@ -10,12 +10,17 @@
 // - allocate(n) serves the current device on its current stream (the torch_context, below);
 //   raw_alloc / raw_alloc_with_stream / raw_delete are the same without a DataPtr. Size 0 gives a
 //   null pointer, as PyTorch's allocator does.
-// - Out of memory, after spillway's whole pressure path (eviction included), calls every OOM
-//   observer and throws c10::OutOfMemoryError (torch.cuda.OutOfMemoryError in Python) carrying
-//   spillway's message: request, budget, allocated, reserved, largest free block, pinned bytes.
-// - Statistics, snapshot, empty_cache, the memory fraction (a budget of fraction x device memory),
-//   cacheInfo, getBaseAllocation, recordStream, memory history (alloc and free events with the
-//   contexts torch's recorder gathers) and trace trackers map one to one onto the allocator's.
+// - Out of memory, after spillway's whole pressure path (eviction included), and a request over
+//   what any device could hold, record an OOM trace entry, call every OOM observer (with the
+//   rounded request, the budget and the device's free memory, as PyTorch does) and throw
+//   c10::OutOfMemoryError (torch.cuda.OutOfMemoryError in Python) carrying spillway's message:
+//   request, budget, allocated, reserved, largest free block, pinned bytes.
+// - Statistics, snapshot, empty_cache, the memory fraction (a budget of fraction x device memory,
+//   taken below the memory in use as PyTorch takes it), cacheInfo (the larger of the budget's
+//   headroom and the largest cached block), getBaseAllocation, recordStream, memory history
+//   (allocations; free requests and completions, a completion when the block may be handed out
+//   again, with the allocation's requested size and stream; the contexts torch's recorder
+//   gathers, outside any lock) and trace trackers map one to one onto the allocator's.
 //   getMemoryInfo reports what cudaMemGetInfo reports under spillway: total = the budget.
 // - Not supported, each failing with a NotImplementedError that names the feature: CUDA graph
 //   private pools (beginAllocateToPool, setCheckpointPoolState, torch.cuda.MemPool) and CUDA IPC
@@ -37,6 +42,7 @@
 #include <vector>
 
 #include "plugin_allocator.hpp"
+#include "spillway/errors.hpp"
 #include "torch_allocator_history.hpp"
 
 namespace spillway::torch_plugin {
@@ -121,16 +127,17 @@ class torch_allocator final : public c10::cuda::CUDACachingAllocator::CUDAAlloca
   std::string name() override;
 
  private:
-  [[noreturn]] void fail_out_of_memory(c10::DeviceIndex device, const std::exception& error);
+  [[noreturn]] void fail_out_of_memory(c10::DeviceIndex device, stream_ref stream,
+                                       const out_of_memory& error);
   void checked_index(c10::DeviceIndex device, const char* caller) const;
   device_allocator& checked_device(c10::DeviceIndex device, const char* caller);
 
   plugin_config config_;
   torch_context context_;
+  allocation_history history_;  // before devices_: their frees are recorded until they are gone
   std::unique_ptr<plugin_allocator> devices_;
   std::atomic<bool> initialized_{false};
   std::atomic<bool> enabled_{true};
-  allocation_history history_;
   std::mutex observers_mutex_;
   std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> oom_observers_;
 };

@@ -24,15 +24,16 @@ void allocation_history::configure(bool enabled, c10::CachingDeviceAllocator::Cr
   }
   std::lock_guard lock(mutex_);
   enabled_ = enabled;
-  recorder_ = enabled ? recorder : nullptr;
-  when_ = enabled ? when : RecordContext::NEVER;
+  recorder_.store(enabled ? recorder : nullptr);
+  when_.store(enabled ? when : RecordContext::NEVER);
   max_entries_ = max_entries;
   skipped_ = std::move(skipped);
   if (clear || !enabled) {
     rings_.clear();
   }
-  if (!enabled || when_ == RecordContext::NEVER) {
+  if (!enabled || when_.load() == RecordContext::NEVER) {
     live_contexts_.clear();
+    freeing_contexts_.clear();
   }
   for (auto& [device, ring] : rings_) {
     while (ring.size() > max_entries_) ring.pop_front();
@@ -51,24 +52,53 @@ void allocation_history::attach_tracker(c10::CachingDeviceAllocator::AllocatorTr
   active_.store(true);
 }
 
-void allocation_history::record(action what, c10::DeviceIndex device, const void* ptr, std::size_t size,
-                                void* stream) {
+void allocation_history::record(action what, c10::DeviceIndex device, std::size_t address,
+                                std::size_t size, void* stream) {
   if (!active()) return;  // every allocation and free comes here: no lock when nobody listens
-  std::lock_guard lock(mutex_);
-
-  // A context for allocations when STATE or more is asked for, for frees only with ALL.
+  // The context is gathered before the mutex is taken, as PyTorch's allocator does: torch's
+  // recorder takes the GIL, and a thread that holds the GIL may be waiting for the mutex (a
+  // tensor freed from Python) while this one holds it. An allocation's (and an OOM's) with STATE
+  // or more, a free's only with ALL.
   std::shared_ptr<c10::GatheredContext> context;
-  const bool wants_context =
-      recorder_ != nullptr &&
-      ((what == action::ALLOC && when_ >= RecordContext::STATE) ||
-       (what != action::ALLOC && when_ == RecordContext::ALL));
-  if (wants_context) context = recorder_();
-  if (what == action::ALLOC && context) live_contexts_[ptr] = context;
-  if (what == action::FREE_REQUESTED) live_contexts_.erase(ptr);
+  if (const auto recorder = recorder_.load(); recorder != nullptr) {
+    const RecordContext when = when_.load();
+    if (what == action::FREE_REQUESTED ? when == RecordContext::ALL : when >= RecordContext::STATE) {
+      context = recorder();
+    }
+  }
+  std::lock_guard lock(mutex_);
+  add_locked(what, device, address, size, stream, std::move(context));
+}
 
-  TraceEntry entry(what, device, reinterpret_cast<std::size_t>(ptr), size, stream, {0, 0},
-                   c10::getApproximateTime(),
-                   when_ >= RecordContext::ALLOC ? std::move(context) : nullptr);
+void allocation_history::record_free_completed(c10::DeviceIndex device, const void* ptr,
+                                               std::size_t size, void* stream) {
+  if (!active()) return;
+  std::lock_guard lock(mutex_);
+  add_locked(action::FREE_COMPLETED, device, reinterpret_cast<std::size_t>(ptr), size, stream, nullptr);
+}
+
+void allocation_history::add_locked(action what, c10::DeviceIndex device, std::size_t address,
+                                    std::size_t size, void* stream,
+                                    std::shared_ptr<c10::GatheredContext> context) {
+  const auto* ptr = reinterpret_cast<const void*>(address);
+  const bool keeps_contexts = when_.load() >= RecordContext::STATE;
+  if (what == action::ALLOC && context) {
+    live_contexts_[ptr] = context;
+  } else if (what == action::FREE_REQUESTED) {
+    if (auto it = live_contexts_.find(ptr); it != live_contexts_.end()) {
+      if (!context) context = std::move(it->second);  // the allocation's
+      live_contexts_.erase(it);
+    }
+    if (context && keeps_contexts) freeing_contexts_[ptr] = context;
+  } else if (what == action::FREE_COMPLETED) {
+    if (auto it = freeing_contexts_.find(ptr); it != freeing_contexts_.end()) {
+      context = std::move(it->second);
+      freeing_contexts_.erase(it);
+    }
+  }
+
+  TraceEntry entry(what, device, address, size, stream, {0, 0}, c10::getApproximateTime(),
+                   when_.load() >= RecordContext::ALLOC ? std::move(context) : nullptr);
   for (const auto& tracker : trackers_) tracker(entry);
   if (!enabled_ || skipped_[static_cast<std::size_t>(what)] || max_entries_ == 0) return;
   auto& ring = rings_[device];
