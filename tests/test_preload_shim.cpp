@@ -222,6 +222,33 @@ void stream_ordered_allocations() {
   CHECK(cudaStreamDestroy(s2) == cudaSuccess);
 }
 
+// cudaStreamPerThread is one handle for each thread's own stream, so its frees are not ordered
+// for another thread: the shim waits for the freeing thread's stream first (Note [Preload
+// streams]). Other streams' frees stay asynchronous.
+void per_thread_stream_frees_wait_for_the_stream() {
+  require_clean();
+  const fake_cudart_counters before = fake_cudart_get_counters();
+  void* a = nullptr;
+  REQUIRE(cudaMallocAsync(&a, 1 * M, cudaStreamPerThread) == cudaSuccess);
+  CHECK(cudaFreeAsync(a, cudaStreamPerThread) == cudaSuccess);
+  // The _ptsz variants (what a program built with per-thread default streams calls) are the
+  // shim's; this runtime has none, so they are looked up as such a program would bind them.
+  using malloc_fn = cudaError_t (*)(void**, size_t, cudaStream_t);
+  using free_fn = cudaError_t (*)(void*, cudaStream_t);
+  const auto malloc_ptsz = reinterpret_cast<malloc_fn>(dlsym(RTLD_DEFAULT, "cudaMallocAsync_ptsz"));
+  const auto free_ptsz = reinterpret_cast<free_fn>(dlsym(RTLD_DEFAULT, "cudaFreeAsync_ptsz"));
+  REQUIRE(static_cast<bool>(malloc_ptsz));
+  REQUIRE(static_cast<bool>(free_ptsz));
+  REQUIRE(malloc_ptsz(&a, 1 * M, nullptr) == cudaSuccess);  // NULL: the per-thread stream here
+  CHECK(free_ptsz(a, nullptr) == cudaSuccess);
+  const std::uint64_t expected = is_cuda_backend() ? 2 : 0;  // the simulated device: one stream
+  CHECK(fake_cudart_get_counters().per_thread_syncs == before.per_thread_syncs + expected);
+  REQUIRE(cudaMallocAsync(&a, 1 * M, nullptr) == cudaSuccess);
+  CHECK(cudaFreeAsync(a, nullptr) == cudaSuccess);  // the legacy stream: no wait
+  CHECK(fake_cudart_get_counters().per_thread_syncs == before.per_thread_syncs + expected);
+  CHECK(proc().stats().allocations == 0);
+}
+
 void argument_checks() {
   CHECK(cudaMalloc(nullptr, 1024) == cudaErrorInvalidValue);
   void* p = reinterpret_cast<void*>(0x1);
@@ -267,6 +294,9 @@ void threads_allocate_concurrently() {
   }                                                                                                 \
   TEST_CASE("stream-ordered allocations" * doctest::test_suite(suite)) { stream_ordered_allocations(); } \
   TEST_CASE("argument checks" * doctest::test_suite(suite)) { argument_checks(); }                 \
+  TEST_CASE("per-thread stream frees wait for the stream" * doctest::test_suite(suite)) {          \
+    per_thread_stream_frees_wait_for_the_stream();                                                 \
+  }                                                                                                \
   TEST_CASE("threads" * doctest::test_suite(suite)) { threads_allocate_concurrently(); }
 
 SHIM_CASES("cuda")

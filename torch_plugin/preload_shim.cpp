@@ -13,7 +13,12 @@
 //   holds but that is not a live allocation (a double free) is reported and answered
 //   cudaErrorInvalidValue; it never reaches the real cudaFree, which could free a whole segment.
 // - cudaFree synchronises the device before the block returns to spillway's cache, as the real
-//   cudaFree does; cudaFreeAsync does not (the free is ordered on its stream).
+//   cudaFree does; cudaFreeAsync does not (the free is ordered on its stream), except on the
+//   per-thread default stream, which it synchronises (Note [Preload streams]).
+// - Errors are returned, not left for cudaGetLastError: a program that checks only
+//   cudaGetLastError after cudaMalloc misses spillway's (spillway_last_error() has the message).
+// - cudaDeviceReset is not interposed: spillway's cached memory on that device is gone after it,
+//   so a program must not allocate through spillway after resetting a device.
 // - cudaMemGetInfo reports spillway_mem_get_info: the budget as the total.
 // - A call made while spillway itself is running on this thread (its CUDA backend reserving a
 //   segment) goes straight to the real function: Note [Preload re-entrancy].
@@ -26,6 +31,10 @@
 // stream may still be in use by queued work, and cudaMalloc's callers may use its memory on any
 // stream at once. A cudaFreeAsync on a stream other than the block's records that stream
 // (record_stream): the block is reused only after the work queued there before the free is done.
+// cudaStreamPerThread (and NULL for the _ptsz variants) is one handle for a different stream in
+// each thread, and one pool: a block freed on it by one thread could go at once to another thread,
+// whose stream nothing orders after the free. So a cudaFreeAsync on it synchronises the calling
+// thread's stream first (a host wait per such free: correct before fast).
 // With backend sim every stream is the simulated device's default stream: the simulated device
 // cannot see the program's streams.
 #include <cuda_runtime_api.h>
@@ -126,6 +135,12 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, cudaStream_t null_stream,
   spillway::plugin_allocator* a = allocator();
   spillway::device_allocator* d = holder(a, ptr);
   if (d == nullptr) return call_real(real_fn, ptr, stream);
+  if ((stream != nullptr ? stream : null_stream) == cudaStreamPerThread && a->config().backend != "sim") {
+    // One handle names every thread's own stream (Note [Preload streams]): its pool can hand the
+    // block to another thread's stream, which nothing orders after this free. So the work this
+    // thread queued before the free is waited for first; if that fails, the block is kept.
+    if (cudaError_t err = cudaStreamSynchronize(cudaStreamPerThread); err != cudaSuccess) return err;
+  }
   try {
     if (d->owns(ptr)) d->record_stream(ptr, async_pool(*a, stream, null_stream));
   } catch (const std::exception& e) {

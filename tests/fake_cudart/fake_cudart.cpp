@@ -290,7 +290,14 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return destroy_handle(reinterpret_cast<std::uintptr_t>(stream), &state::streams);
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t stream) { return check_stream(stream); }
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (stream == cudaStreamPerThread) {
+    state& s = the_state();
+    std::lock_guard lock(s.mutex);
+    ++s.counters.per_thread_syncs;
+  }
+  return check_stream(stream);
+}
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
   if (cudaError_t e = check_stream(stream); e != cudaSuccess) return e;

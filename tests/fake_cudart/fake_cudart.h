@@ -33,6 +33,7 @@ typedef struct fake_cudart_counters {
   uint64_t invalid_frees;    /* cudaFree / cudaFreeAsync of anything else (NULL excepted) */
   uint64_t failed_mallocs;   /* device allocations refused for lack of memory */
   uint64_t bytes_in_use;     /* device memory handed out and not freed (managed excluded) */
+  uint64_t per_thread_syncs; /* cudaStreamSynchronize(cudaStreamPerThread) */
 } fake_cudart_counters;
 
 fake_cudart_counters fake_cudart_get_counters(void);
