@@ -166,6 +166,10 @@ def case_tooling(tmp):
         stats = torch.cuda.memory_stats(); assert stats["allocated_bytes.all.current"] > 0
         assert "memory summary" in torch.cuda.memory_summary()
         snap = torch.cuda.memory._snapshot(); assert snap["segments"] and snap["device_traces"][0]
+        # Frees carry their sizes and complete (PyTorch's memory viewer rebuilds blocks from them).
+        frees = [e for e in snap["device_traces"][0] if e["action"] == "free_completed"]
+        assert frees and all(e["size"] > 0 for e in frees), frees[:3]
+        import torch.cuda._memory_viz as viz; assert "free completed" in viz.trace(snap)
         del model; torch.cuda.empty_cache()
         assert torch.cuda.memory_stats()["reserved_bytes.all.current"] < stats["reserved_bytes.all.peak"]
         print("ok")
