@@ -8,7 +8,8 @@
 // set_lineage, or a path deeper than max_recompute_depth, fails pin with a logic_error that says
 // so and leaves every buffer's state and bytes as they were; a forgotten input that a live node
 // still needs is kept, hidden, so its consumers still recompute, and is freed (the allocator back
-// to zero) when the last output that needs it is forgotten; forgetting dropped buffers keeps DTR's
+// to zero) when the last output that needs it is forgotten, also at the end of a chain of 100,000
+// forgotten in order (a loop, not a recursion: no stack overflow); forgetting dropped buffers keeps DTR's
 // equivalence classes sound for later evictions; set_lineage moves a buffer to a new producer and
 // the old node retires; remove_node releases a node that has no output at once (freeing the forgotten
 // inputs only it held) and one with outputs with its last; the staleness clock advances by the cost
@@ -407,6 +408,31 @@ TEST_CASE("a forgotten input that a live node needs stays, hidden, until its las
 
   env.eng().forget(c);  // the last output: c's node retires, then b, a and s are freed in a cascade
   env.sim->run_until_idle();
+  CHECK(env.eng().stats().registered == 0);
+  CHECK(env.eng().stats().resident_bytes == 0);
+  CHECK(env.allocated_bytes() == 0);
+  CHECK(env.alloc->stats().allocation[0].current == 0);
+}
+
+TEST_CASE("a long chain forgotten in order is freed by its last forget without exhausting the stack") {
+  // Each forgotten buffer stays, hidden, for the next node; forgetting the last output retires its
+  // node, which frees the one before, whose node retires in turn, and so on down the chain.
+  constexpr int n = 100000;
+  engine_options o;
+  o.capacity = 1024 * MiB;
+  engine_env env(o);
+  const auto noop = [](std::span<void* const>, std::span<void* const>, stream_ref) {};
+  std::vector<buffer_id> xs;
+  xs.reserve(n);
+  xs.push_back(env.eng().register_buffer(env.alloc->allocate(512), 512, {}));
+  for (int i = 1; i < n; ++i) {
+    const node_id node = env.eng().add_node({.name = "x", .inputs = {xs.back()}, .compute = noop, .cost_ns = 1});
+    xs.push_back(env.eng().register_buffer(env.alloc->allocate(512), 512, {}, {.producer = node}));
+  }
+  for (int i = 0; i + 1 < n; ++i) env.eng().forget(xs[static_cast<std::size_t>(i)]);
+  CHECK(env.eng().stats().registered == 1);
+  CHECK(env.alloc->stats().allocation[0].current == n);
+  env.eng().forget(xs.back());
   CHECK(env.eng().stats().registered == 0);
   CHECK(env.eng().stats().resident_bytes == 0);
   CHECK(env.allocated_bytes() == 0);

@@ -3,9 +3,10 @@
 // It proves: unpin without a pin, an unknown id, an id used after forget (also once its slot was
 // reused by a newer buffer), forget or evict while pinned, registering a pointer the allocator
 // does not own (a host pointer, null, an interior pointer, a freed one), a double registration, a
-// size of 0 or larger than the allocation, add_node with an empty compute, no outputs, a cost that
+// size of 0 or larger than the allocation, a stream the device does not know, add_node with an empty compute, no outputs, a cost that
 // is NaN, infinite or negative, or an unknown or forgotten input, an output_index out of range, an
-// output slot already taken or registered with another size, an unknown or retired producer, and a
+// output slot already taken or registered with another size, an unknown or retired producer, a
+// producer that reads the buffer itself (set_lineage), and a
 // bad engine_config are each reported with spillway::invalid_argument whose message names the id,
 // pointer, node or value; and that after each one the engine's statistics, every buffer's state
 // and bytes, and the allocator's statistics are what they were.
@@ -185,6 +186,29 @@ TEST_CASE("register_buffer: pointers the allocator does not own, sizes, double r
   f.check_bytes();
 }
 
+TEST_CASE("register_buffer: a stream the device does not know, or no longer knows") {
+  fixture f;
+  eviction_engine& e = f.env.eng();
+  void* p = f.env.alloc->allocate(8 * KiB);
+  const stream_ref destroyed = f.env.sim->create_stream();
+  f.env.sim->destroy_stream(destroyed);
+  for (const stream_ref bogus : {stream_ref{999}, destroyed}) {
+    CAPTURE(bogus.value);
+    refused(f, [&] { (void)e.register_buffer(p, 8 * KiB, bogus); },
+            {format_pointer(p), "stream " + std::to_string(bogus.value)});
+  }
+  // Refused, it is still the caller's: registered on a real stream it spills, and forget frees it.
+  const buffer_id id = e.register_buffer(p, 8 * KiB, {});
+  f.env.sim->run_until_idle();
+  CHECK(e.evict(id, eviction_mode::spill));
+  e.forget(id);
+  f.env.sim->run_until_idle();
+  f.check_bytes();
+  f.g.forget_all();
+  f.env.sim->run_until_idle();
+  CHECK(f.env.allocated_bytes() == 0);
+}
+
 TEST_CASE("add_node: empty compute, no outputs, bad costs, unknown inputs") {
   fixture f;
   eviction_engine& e = f.env.eng();
@@ -224,6 +248,11 @@ TEST_CASE("outputs: index out of range, slot taken, size mismatch, unknown or re
           {"lineage node 4242", "does not exist"});
   refused(f, [&] { e.set_lineage(f.a, unknown); }, {"lineage node 4242", "does not exist"});
 
+  // A node that reads the buffer itself (an in-place update recorded as a = f(a)) could never
+  // recompute it, and the two would keep each other alive after forget.
+  const node_id in_place = e.add_node({.name = "in_place", .inputs = {f.s, f.a}, .compute = noop});
+  refused(f, [&] { e.set_lineage(f.a, in_place); }, {id_text(f.a), "'in_place'", "reads"});
+
   // A slot whose buffer was forgotten keeps its size: a buffer of another size does not fit it.
   const buffer_id out0 = e.register_buffer(p, 8 * KiB, {}, {.producer = two, .output_index = 0});
   void* q = f.env.alloc->allocate(16 * KiB);
@@ -237,6 +266,11 @@ TEST_CASE("outputs: index out of range, slot taken, size mismatch, unknown or re
   refused(f, [&] { (void)e.register_buffer(r, 4 * KiB, {}, {.producer = two}); }, {"no longer exists"});
   f.env.alloc->deallocate(r);
   f.check_bytes();
+  // Nothing refused above holds a buffer: with the node that reads a removed, all is freed.
+  e.remove_node(in_place);
+  f.g.forget_all();
+  f.env.sim->run_until_idle();
+  CHECK(f.env.allocated_bytes() == 0);
 }
 
 TEST_CASE("engine_config: a depth of 0 and an unknown policy are refused") {

@@ -13,7 +13,7 @@
 // decision finds the one buffer that is cheap per byte among more than DTR samples, because the
 // engine's order of candidates by cost per byte follows each change of its neighbourhood; and
 // that this order (cheapest_to_drop) is by what dropping costs, leaves out pinned buffers and
-// never holds one that can only be spilled.
+// never holds one that can only be spilled, and that set_lineage moves a candidate in it.
 #include <doctest/doctest.h>
 
 #include <map>
@@ -323,6 +323,28 @@ TEST_CASE("cheapest_to_drop: droppable candidates by cost per byte, never one th
     CHECK(env.eng().cheapest_to_drop(16) == std::vector<buffer_id>{mid, dear});
   }
   for (buffer_id id : {s, big, dear, cheap, mid}) g.expect(id);
+  env.sim->run_until_idle();
+  env.check_clean();
+}
+
+TEST_CASE("cheapest_to_drop: set_lineage moves a candidate in the order, in or out of it") {
+  // As above: a source s, two nodes over it of 1 ms and 100 us, and a 16 KiB source t (spill only,
+  // so not in the order). set_lineage gives t a 10 us producer: it can be dropped, the cheapest;
+  // then a 10 ms one: the dearest.
+  engine_env env;
+  lineage_graph g(env);
+  const buffer_id s = g.source(16 * KiB);
+  const buffer_id dear = g.node({s}, {16 * KiB}, {}, 1e6)[0];
+  const buffer_id mid = g.node({s}, {16 * KiB}, {}, 1e5)[0];
+  const buffer_id t = g.source(16 * KiB);
+  env.sim->run_until_idle();
+  REQUIRE(env.eng().cheapest_to_drop(16) == std::vector<buffer_id>{mid, dear});
+  const auto noop = [](std::span<void* const>, std::span<void* const>, stream_ref) {};
+  env.eng().set_lineage(t, env.eng().add_node({.name = "cheap", .inputs = {s}, .compute = noop, .cost_ns = 1e4}));
+  CHECK(env.eng().cheapest_to_drop(16) == std::vector<buffer_id>{t, mid, dear});
+  env.eng().set_lineage(t, env.eng().add_node({.name = "dearest", .inputs = {s}, .compute = noop, .cost_ns = 1e7}));
+  CHECK(env.eng().cheapest_to_drop(16) == std::vector<buffer_id>{mid, dear, t});
+  for (buffer_id id : {s, dear, mid, t}) g.expect(id);
   env.sim->run_until_idle();
   env.check_clean();
 }

@@ -9,19 +9,63 @@
 // allocation's, keeps the block from reuse and is seen by a later spill; without pinned host memory
 // (an injected failure, or a tiny host pool) a buffer with lineage is dropped instead and one
 // without is skipped for another victim, never losing data; a copy fault leaves the buffer
-// resident and intact; a failed copy back or device reservation during a restore surfaces from pin
-// (device_error, out_of_memory) with the buffer still spilled and pinnable later.
+// resident and intact; a failed copy back, device reservation or event creation during a restore
+// surfaces from pin (device_error, out_of_memory) with the buffer still spilled and pinnable later;
+// and a restore that fails after its copy back was queued, when its stream cannot be drained
+// either, does not let the block be handed out while the copy may still write it.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "engine_fixture.hpp"
+#include "forwarding_backend.hpp"
 
 using namespace spillway;
 using namespace spillway::test;
 
 namespace {
+
+// The sim, with chosen calls failing: the n-th create_event from now (countdown: 0 fails the next;
+// < 0 none), every stream_wait_event whose waiter is `wait_fails_on`, and every
+// synchronize_stream while `sync_fails`. It keeps the destination of the last copy to the device.
+struct faulty_backend final : forwarding_backend {
+  using forwarding_backend::forwarding_backend;
+  long create_countdown = -1;
+  std::optional<stream_ref> wait_fails_on;
+  bool sync_fails = false;
+  void* last_copy_to_device = nullptr;
+
+  event_ref create_event() override {
+    if (create_countdown >= 0 && create_countdown-- == 0) throw device_error("injected: no event");
+    return forwarding_backend::create_event();
+  }
+  void stream_wait_event(stream_ref s, event_ref e) override {
+    if (wait_fails_on == s) throw device_error("injected: no wait");
+    forwarding_backend::stream_wait_event(s, e);
+  }
+  void synchronize_stream(stream_ref s) override {
+    if (sync_fails) throw device_error("injected: no synchronisation");
+    forwarding_backend::synchronize_stream(s);
+  }
+  void copy_async(void* d, const void* src, std::size_t b, copy_kind k, stream_ref st) override {
+    forwarding_backend::copy_async(d, src, b, k, st);
+    if (k == copy_kind::host_to_device) last_copy_to_device = d;
+  }
+};
+
+engine_options with_faulty_backend(std::shared_ptr<faulty_backend>& out) {
+  engine_options o;
+  o.streams = 1;
+  o.engine.bandwidth = {o.h2d_bandwidth, o.d2h_bandwidth};
+  o.backend = [&out](std::shared_ptr<sim_device> sim) {
+    out = std::make_shared<faulty_backend>(std::move(sim));
+    return out;
+  };
+  return o;
+}
 
 void spill_and_wait(engine_env& env, buffer_id id) {
   REQUIRE(env.eng().evict(id, eviction_mode::spill));
@@ -448,6 +492,91 @@ TEST_CASE("a failed restore surfaces from pin; the buffer stays spilled and is p
     CHECK(env.log.checks() == 2);
     env.check_clean();
   }
+}
+
+TEST_CASE("a restore that cannot create its events surfaces from pin; the buffer stays as it was") {
+  // The n-th event the pin creates fails, for every n the pin reaches: the events a restore takes
+  // (its copy's, the host copy's) come from an idle list, so which creation fails varies.
+  for (const bool spilling : {false, true}) {
+    CAPTURE(spilling);
+    for (long n = 0;; ++n) {
+      CAPTURE(n);
+      REQUIRE(n < 32);
+      std::shared_ptr<faulty_backend> f;
+      engine_env env(with_faulty_backend(f));
+      lineage_graph g(env);
+      const stream_ref s = env.stream();
+      const buffer_id a = g.source(64 * KiB, s);
+      env.sim->run_until_idle();
+      REQUIRE(env.eng().evict(a, eviction_mode::spill));
+      if (!spilling) env.sim->run_until_idle();
+      const buffer_state before = spilling ? buffer_state::spilling : buffer_state::spilled;
+      REQUIRE(env.eng().state(a) == before);
+      const std::size_t allocated = env.allocated_bytes();
+      f->create_countdown = n;
+      bool failed = false;
+      try {
+        pinned_buffer p = env.eng().pin(a);
+      } catch (const device_error&) {
+        failed = true;
+      }
+      f->create_countdown = -1;
+      if (failed) {
+        CHECK(env.eng().state(a) == before);
+        CHECK(env.allocated_bytes() == allocated);
+        CHECK(env.eng().stats().pinned_bytes == 0);
+        CHECK(env.eng().stats().restores == 0);
+      }
+      {
+        pinned_buffer p = env.eng().pin(a);  // pinnable: restored now
+        CHECK(p.get() != nullptr);
+        g.check_kernel(a, p.get(), s);
+      }
+      env.sim->run_until_idle();
+      CHECK(env.log.checks() == 1);
+      env.check_clean();
+      g.forget_all();
+      env.sim->run_until_idle();
+      CHECK(env.allocated_bytes() == 0);
+      if (!failed) break;  // the pin creates fewer than n + 1 events
+    }
+  }
+}
+
+TEST_CASE("a restore that fails after its copy was queued: the block is not reused under the copy") {
+  // The buffer's stream cannot wait for the copy back, and the h2d stream cannot be drained: the
+  // block is freed behind the h2d stream (an event the allocator records), not handed out at once
+  // on the buffer's stream, where the copy would overwrite its next owner's bytes.
+  std::shared_ptr<faulty_backend> f;
+  engine_env env(with_faulty_backend(f));
+  lineage_graph g(env);
+  const stream_ref s = env.stream();
+  const buffer_id a = g.source(64 * KiB, s);
+  env.sim->run_until_idle();
+  spill_and_wait(env, a);
+  f->wait_fails_on = s;
+  f->sync_fails = true;
+  CHECK_THROWS_AS((void)env.eng().pin(a), device_error);
+  f->wait_fails_on.reset();
+  f->sync_fails = false;
+  CHECK(env.eng().state(a) == buffer_state::spilled);
+  void* const copied_to = f->last_copy_to_device;
+  REQUIRE(copied_to != nullptr);
+  // The next owner of a 64 KiB block on s writes it at once (the copy back has not run: the sim's
+  // clock is manual), then the device catches up.
+  void* next = env.alloc->allocate(64 * KiB, s);
+  CHECK(next != copied_to);
+  std::memset(next, 0x5A, 64 * KiB);
+  env.sim->run_until_idle();
+  const auto* bytes = static_cast<const unsigned char*>(next);
+  CHECK(std::all_of(bytes, bytes + 64 * KiB, [](unsigned char c) { return c == 0x5A; }));
+  env.alloc->deallocate(next);
+  g.expect(a);  // still spilled and intact: the pin restores it
+  env.sim->run_until_idle();
+  env.check_clean();
+  g.forget_all();
+  env.sim->run_until_idle();
+  CHECK(env.allocated_bytes() == 0);
 }
 
 TEST_CASE("destroying the engine with copies in flight and a held stream frees everything") {

@@ -9,7 +9,9 @@
 // forget buffers and lineage nodes of their own, finish within a bounded time (a watchdog aborts
 // on a deadlock) with every check kernel having seen the right bytes, pinned buffers never
 // evicted, out_of_memory the only failure, and, once everything is forgotten, the allocator back
-// to zero with a consistent snapshot.
+// to zero with a consistent snapshot. And that an engine destroyed while another thread's
+// allocation is already in the allocator's pressure path (its handlers come from a snapshot taken
+// before the engine unregistered) is not called after its destruction: the call frees nothing.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -17,6 +19,8 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <latch>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -185,4 +189,45 @@ TEST_CASE("six threads pin, evict, allocate, register and forget under budget pr
   const memory_snapshot snap = env.alloc->snapshot();
   check_snapshot_invariants(snap);
   check_stats_match_snapshot(env.alloc->stats(), snap);
+}
+
+TEST_CASE("an engine destroyed while another thread's allocation is in the pressure path") {
+  // A handler registered before the engine's holds the thread in the pressure path until the
+  // engine is gone: the allocator then calls the engine's handler from its snapshot. Under ASan,
+  // a call that reached the destroyed engine is a heap-use-after-free.
+  auto sim = std::make_shared<sim_device>(sim_config{});
+  allocator_config ac;
+  ac.budget = 4 * MiB;
+  device_allocator alloc(sim, ac);
+  std::latch entered(1), go(1);
+  std::atomic<int> first_handler_calls{0};
+  alloc.add_pressure_handler([&](const pressure_request&) {
+    if (first_handler_calls++ == 0) {
+      entered.count_down();
+      go.wait();
+    }
+    return pressure_result{};
+  });
+  auto engine = std::make_unique<eviction_engine>(alloc);
+  void* p = alloc.allocate(2 * MiB);
+  const buffer_id id = engine->register_buffer(p, 2 * MiB, {});  // something it could evict
+  void* q = alloc.allocate(2 * MiB);
+  std::exception_ptr error;
+  std::thread t([&] {
+    try {
+      alloc.deallocate(alloc.allocate(2 * MiB));
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  entered.wait();   // t's allocation is in the first handler; the engine's is in its snapshot
+  engine.reset();   // unregisters, frees p
+  go.count_down();  // t goes on to the engine's handler
+  t.join();
+  (void)id;
+  // With p freed by the engine's destruction the budget has room: t's allocation either fits after
+  // the handlers or fails for want of memory; the engine freed nothing.
+  if (error) CHECK_THROWS_AS(std::rethrow_exception(error), out_of_memory);
+  alloc.deallocate(q);
+  CHECK(alloc.stats().allocation[0].current == 0);
 }

@@ -23,7 +23,9 @@
 // restoring a spilled buffer under pressure; lowering the budget below what is reserved; pinning
 // spilled and dropped buffers together with next-use prediction, then a prefetch; the allocator
 // alone with expandable segments (pages mapped, a cross-stream free, a release); registering a
-// buffer, adding a node, setting and removing it; explicit evictions, a step boundary and forget.
+// buffer, adding a node, setting and removing it; explicit evictions, a step boundary and forget;
+// forgetting a buffer whose spill is in flight, and rebuilding a node whose other output's spill
+// is (the host copy is dropped: the d2h queue and the in-flight list let go of it).
 //
 // The simulated device is shielded from the failures in those runs: it stands for the CUDA runtime,
 // whose failures are the device and copy faults the sim injects (test_fault_injection). Its own
@@ -82,6 +84,7 @@ struct scenario {
   std::vector<buffer_id> registered;  // buffers outside the graph, forgotten before the check
   std::function<void(scenario&)> operation;
   std::function<bool(scenario&)> did;  // checked after the run without a failure
+  std::function<void(scenario&)> check;  // checked after every run, before check_intact
 
   explicit scenario(engine_options o) : env(shield(std::move(o))) {
     held.reserve(8);  // the operation's push_back must not be what fails
@@ -158,6 +161,10 @@ long sweep(const std::function<std::unique_ptr<scenario>()>& make, bool persiste
                   run);
     // Without a failure, the operation did what the scenario is about.
     if (failures == 0 && s->did) CHECK_MESSAGE(s->did(*s), run);
+    if (s->check) {
+      INFO(run);
+      s->check(*s);
+    }
     check_intact(*s, run);
     if (failures == 0) return k;  // the operation made fewer than k + 1 allocations
   }
@@ -383,6 +390,49 @@ std::unique_ptr<scenario> evict_forget_layout() {
   return s;
 }
 
+// A 1 MiB source whose spill is in flight (the sim's clock is manual: its copy waits for the next
+// run), forgotten. Another source's spill cost shows the d2h queue: back to what it was.
+std::unique_ptr<scenario> forget_spilling_layout() {
+  auto s = std::make_unique<scenario>(engine_options{});
+  const buffer_id a = s->g.source(1 * MiB);
+  const buffer_id b = s->g.source(64 * KiB);
+  s->env.sim->run_until_idle();
+  const double spill_cost = s->env.eng().describe_candidate(b)->cost_ns;
+  REQUIRE(s->env.eng().evict(a, eviction_mode::spill));
+  REQUIRE(s->env.eng().state(a) == buffer_state::spilling);
+  REQUIRE(s->env.eng().describe_candidate(b)->cost_ns > spill_cost);
+  s->operation = [a](scenario& t) { t.g.forget(a); };
+  s->check = [b, spill_cost](scenario& t) {
+    CHECK(t.env.eng().describe_candidate(b)->cost_ns == spill_cost);
+    CHECK(t.env.eng().state(b) == buffer_state::resident);  // a reap with a in no list
+  };
+  return s;
+}
+
+// y = n(x) with two outputs: y0 dropped, y1 spilling; pinning y0 runs n again, which makes y1
+// resident too and drops its host copy while the spill's copy is still in flight.
+std::unique_ptr<scenario> sibling_spilling_layout() {
+  auto s = std::make_unique<scenario>(engine_options{});
+  const buffer_id x = s->g.source(64 * KiB);
+  const std::vector<buffer_id> ys = s->g.node({x}, {64 * KiB, 64 * KiB});
+  s->env.sim->run_until_idle();
+  const double spill_cost = s->env.eng().describe_candidate(x)->cost_ns;
+  drop(s->env.eng(), ys[0]);
+  REQUIRE(s->env.eng().evict(ys[1], eviction_mode::spill));
+  REQUIRE(s->env.eng().state(ys[1]) == buffer_state::spilling);
+  s->operation = [y = ys[0]](scenario& t) { pinned_buffer p = t.env.eng().pin(y); };
+  s->did = [ys](scenario& t) { return t.env.eng().stats().recomputes == 1; };
+  s->check = [x, ys, spill_cost](scenario& t) {
+    const buffer_state s1 = t.env.eng().state(ys[1]);  // a reap, with y1 where it should be
+    CHECK((s1 == buffer_state::resident || s1 == buffer_state::spilling ||
+           s1 == buffer_state::spilled));
+    if (s1 == buffer_state::resident) {  // rebuilt: nothing is queued on the d2h stream
+      CHECK(t.env.eng().describe_candidate(x)->cost_ns == spill_cost);
+    }
+  };
+  return s;
+}
+
 }  // namespace
 
 TEST_CASE("host out of memory: an allocation served by compaction") {
@@ -427,6 +477,14 @@ TEST_CASE("host out of memory: registering a buffer and adding a node") {
 
 TEST_CASE("host out of memory: explicit evictions, a step boundary and forget") {
   sweep_both(evict_forget_layout);
+}
+
+TEST_CASE("host out of memory: forgetting a buffer whose spill is in flight") {
+  sweep_both(forget_spilling_layout);
+}
+
+TEST_CASE("host out of memory: a recompute drops a sibling's host copy while its spill is in flight") {
+  sweep_both(sibling_spilling_layout);
 }
 
 TEST_CASE("host out of memory in the simulated device: a failed enqueue leaves its stream as is") {

@@ -57,13 +57,15 @@ eviction_engine::impl::impl(eviction_engine& s, device_allocator& a, engine_conf
 
 eviction_engine::eviction_engine(device_allocator& allocator, engine_config config)
     : impl_(std::make_unique<impl>(*this, allocator, std::move(config))) {
+  impl_->gate->engine = impl_.get();
   impl_->handler_id = allocator.add_pressure_handler(
-      [m = impl_.get()](const pressure_request& r) { return m->on_pressure(r); });
+      [g = impl_->gate](const pressure_request& r) { return g->call(r); });
 }
 
 eviction_engine::~eviction_engine() {
   impl& m = *impl_;
   m.allocator.remove_pressure_handler(m.handler_id);
+  m.gate->close();  // a call from the allocator's snapshot may still come: it finds the gate closed
   engine_lock lock(m);
   try {
     m.backend.synchronize_stream(m.d2h_stream);
@@ -71,10 +73,15 @@ eviction_engine::~eviction_engine() {
   } catch (const std::exception&) {
     // A held simulated stream: the host pool still waits on each event before reusing memory.
   }
-  m.reap_in_flight_locked();
+  try {
+    m.reap_in_flight_locked();
+  } catch (...) {
+    // An event query failed: what is still in flight is freed below all the same.
+  }
   m.buffers.for_each([&](buffer_entry& e) {
     if (m.candidates.contains(e)) m.candidates.erase(e);
-    if (e.device_ptr != nullptr) m.allocator.deallocate(e.device_ptr);
+    if (e.device_ptr != nullptr) m.allocator.deallocate(e.device_ptr);  // behind its streams
+    if (e.ready.value != 0) m.backend.destroy_event(e.ready);  // a restore not reaped above
     m.discard_host_copy_locked(e);
   });
   for (event_ref e : m.idle_events) m.backend.destroy_event(e);
@@ -195,7 +202,7 @@ void eviction_engine::impl::retire_node_locked(node_entry& n) noexcept {
         break;
       }
     }
-    if (in->consumers.empty() && !in->user_owned) release_entry_locked(*in);
+    if (in->consumers.empty() && !in->user_owned) release_entry_locked(*in);  // queued, if releasing
   }
 }
 
@@ -205,6 +212,14 @@ void eviction_engine::set_lineage(buffer_id id, node_id producer, std::uint32_t 
   buffer_entry& e = m.lookup_locked(id, "set_lineage");
   node_entry& n = m.lookup_node_locked(producer, "set_lineage");
   if (e.producer == &n && e.output_index == output_index) return;
+  // A node that reads its own output (an in-place update recorded as x = f(x)) could never
+  // recompute it, and the two would keep each other alive after forget.
+  if (std::find(n.inputs.begin(), n.inputs.end(), &e) != n.inputs.end()) {
+    throw invalid_argument("spillway: set_lineage(" + describe_id(id) + ", node '" + n.desc.name +
+                           "'): the node reads " + describe_id(id) +
+                           " itself; expected a node that does not read its output (record an "
+                           "in-place update as a new buffer)");
+  }
   node_entry* old = e.producer;
   const std::uint32_t old_index = e.output_index;
   m.graph_remove_locked(e);  // its edges change: out of the graph meanwhile
@@ -219,7 +234,11 @@ void eviction_engine::set_lineage(buffer_id id, node_id producer, std::uint32_t 
     if (--old->live_outputs == 0) m.retire_node_locked(*old);
   }
   m.graph_insert_locked(e);
-  if (m.candidates.contains(e)) m.candidates.record(e) = m.make_record_locked(e);  // new cost
+  if (m.candidates.contains(e)) {  // a new cost: the record, and its place in the cost order
+    detail::candidate_record& r = m.candidates.record(e);
+    r = m.make_record_locked(e);
+    m.candidates.reorder(e, m.cost_per_byte_locked(r));
+  }
 }
 
 // --- registration ------------------------------------------------------------------------------------
@@ -245,6 +264,7 @@ buffer_id eviction_engine::register_buffer(void* ptr, std::size_t size, stream_r
   }
   node_entry* producer =
       options.producer.valid() ? &m.lookup_node_locked(options.producer, "register_buffer") : nullptr;
+  m.check_stream_locked(stream, ptr);
 
   // First, as it may throw: a key left unused by a registration that fails later is harmless.
   const detail::access_profile::step_key key =
@@ -298,9 +318,49 @@ void eviction_engine::forget(buffer_id id) {
   // else: a live node needs it as an input; it stays, hidden and evictable, until then.
 }
 
-// Frees everything the entry holds and recycles it. Cascades through nodes that lose their last
-// output.
+// A stream the device does not know would fail every later spill and restore of the buffer, and
+// the free of its block could not be ordered (the allocator leaks it): refused now, as pin(id, use)
+// refuses one. Each stream is checked once, by recording an event on it.
+void eviction_engine::impl::check_stream_locked(stream_ref s, void* ptr) {
+  if (s.value == 0 || std::find(known_streams.begin(), known_streams.end(), s) != known_streams.end()) {
+    return;
+  }
+  const event_ref probe = take_event_locked();
+  try {
+    backend.record_event(probe, s);
+  } catch (const invalid_argument& error) {
+    give_event_locked(probe);
+    throw invalid_argument("spillway: register_buffer(" + format_pointer(ptr) + ", stream " +
+                           std::to_string(s.value) + "): expected a stream of device " +
+                           std::to_string(allocator.device()) + " (" + error.what() + ")");
+  } catch (...) {
+    give_event_locked(probe);
+    throw;
+  }
+  give_event_locked(probe);
+  if (known_streams.size() >= 64) known_streams.clear();  // many streams: checked again, stays small
+  known_streams.push_back(s);
+}
+
+// Frees everything the entry holds and recycles it, then what only it kept alive: a node that
+// loses its last output retires and lets go of its inputs, and a forgotten input no live node
+// needs any more is released in turn. The cascade is a loop over release_stack, so that a long
+// forgotten chain costs no stack (Note [Eviction state machine]); a call made while one drains
+// (from retire_node_locked) only queues the entry.
 void eviction_engine::impl::release_entry_locked(buffer_entry& e) noexcept {
+  e.release_next = release_stack;
+  release_stack = &e;
+  if (releasing) return;
+  releasing = true;
+  while (release_stack != nullptr) {
+    buffer_entry& next = *release_stack;
+    release_stack = next.release_next;
+    free_entry_locked(next);  // may queue the inputs its node lets go of
+  }
+  releasing = false;
+}
+
+void eviction_engine::impl::free_entry_locked(buffer_entry& e) noexcept {
   graph_remove_locked(e);
   if (candidates.contains(e)) candidates.erase(e);
   if (e.device_ptr != nullptr) {

@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -25,6 +27,22 @@
 #include "spillway/eviction/host_pool.hpp"
 
 namespace spillway::eviction {
+
+// The way in of the engine's pressure handler. The allocator runs its handlers from a snapshot of
+// its list, without its lock, so a call may start after remove_pressure_handler has returned: the
+// handler holds this gate (shared), not the engine, and the engine's destructor closes it and waits
+// for the calls under way before it tears anything down. Its mutex is a leaf: held only to count
+// calls, never while one runs (Note [Eviction lock order]).
+struct pressure_gate {
+  pressure_result call(const pressure_request& request);  // nothing freed once closed
+  void close() noexcept;  // waits for the calls under way; not from inside one
+
+  eviction_engine::impl* engine = nullptr;
+  std::mutex mutex;
+  std::condition_variable idle;
+  std::size_t calls = 0;  // under way
+  bool closed = false;
+};
 
 struct eviction_engine::impl {
   impl(eviction_engine& self, device_allocator& allocator, engine_config config);
@@ -58,6 +76,14 @@ struct eviction_engine::impl {
   detail::access_profile access;   // next-use prediction, once steps are marked (begin_step)
   engine_stats stats;
   pressure_handler_id handler_id = 0;
+  std::shared_ptr<pressure_gate> gate = std::make_shared<pressure_gate>();
+  // Streams that register_buffer found the device knows (check_stream_locked), so that each
+  // costs one event record, not one per registration.
+  std::vector<stream_ref> known_streams;
+  // Entries to release, threaded through buffer_entry::release_next: release_entry_locked's
+  // cascade runs as a loop over it, not as a recursion.
+  detail::buffer_entry* release_stack = nullptr;
+  bool releasing = false;  // a release_entry_locked call is draining release_stack
   // Note [Thrashing bound]: the cost and the number of the live lineage nodes (add_node adds,
   // retiring subtracts), and what the caller's pin or pin_all under way has recomputed so far.
   double lineage_cost_ns = 0;
@@ -89,7 +115,9 @@ struct eviction_engine::impl {
   void attach_output_locked(detail::buffer_entry& e, detail::node_entry& n, std::uint32_t index);
   void detach_output_locked(detail::buffer_entry& e) noexcept;
   void release_entry_locked(detail::buffer_entry& e) noexcept;
+  void free_entry_locked(detail::buffer_entry& e) noexcept;  // one step of release_entry_locked
   void retire_node_locked(detail::node_entry& n) noexcept;
+  void check_stream_locked(stream_ref s, void* ptr);  // register_buffer's: invalid_argument
 
   // --- engine_spill.cpp ----------------------------------------------------------------------------
   event_ref take_event_locked();

@@ -160,6 +160,28 @@ void eviction_engine::impl::describe_wanted_now_locked(const buffer_entry& e, ca
   if (inputs_at_hand) neighbourhood = 0;
 }
 
+pressure_result pressure_gate::call(const pressure_request& request) {
+  {
+    std::lock_guard lock(mutex);
+    if (closed) return {};  // the engine is being destroyed: it frees nothing more
+    ++calls;
+  }
+  struct leave {
+    pressure_gate& g;
+    ~leave() {
+      std::lock_guard lock(g.mutex);
+      if (--g.calls == 0 && g.closed) g.idle.notify_all();
+    }
+  } guard{*this};
+  return engine->on_pressure(request);
+}
+
+void pressure_gate::close() noexcept {
+  std::unique_lock lock(mutex);
+  closed = true;
+  idle.wait(lock, [this] { return calls == 0; });
+}
+
 pressure_result eviction_engine::impl::on_pressure(const pressure_request& r) {
   eviction_request request;
   request.stream = r.stream;

@@ -83,35 +83,45 @@ bool eviction_engine::impl::spill_locked(buffer_entry& e) {
   return true;
 }
 
-// Makes a spilled (or spilling) buffer resident again, in stream order on its stream.
+// Makes a spilled (or spilling) buffer resident again, in stream order on its stream. Throws with
+// the buffer spilled (or spilling) as it was: its host copy, its events and by_pointer unchanged.
 void eviction_engine::impl::restore_locked(buffer_entry& e) {
   // The allocation may call the pressure handler back on this thread, whose reap moves e from
   // spilling to spilled if its copy has completed: e keeps its state until the block is there.
   void* block = allocate_locked(e.size, e.stream);
   e.state = buffer_state::restoring;  // not a candidate while its new block is being filled
   event_ref ready{};
+  event_ref host_done{};
   try {
+    ready = take_event_locked();
+    host_done = take_event_locked();
     if (e.spill_done.value != 0) backend.stream_wait_event(h2d_stream, e.spill_done);
     order_after_locked(h2d_stream, e.stream);  // the block may have been used before on e.stream
     backend.copy_async(block, e.host_ptr, e.size, copy_kind::host_to_device, h2d_stream);
-    ready = take_event_locked();
     backend.record_event(ready, h2d_stream);
     backend.stream_wait_event(e.stream, ready);
     by_pointer.emplace(block, &e);
     in_flight.reserve(in_flight.size() + 1);
   } catch (...) {
     if (ready.value != 0) give_event_locked(ready);
+    if (host_done.value != 0) give_event_locked(host_done);
     by_pointer.erase(block);
+    // The copy may be queued and still write the block: its free waits for the h2d stream (an
+    // event the allocator records, or a wait for the stream), else the block is leaked.
     try {
-      backend.synchronize_stream(h2d_stream);
-    } catch (...) {
+      allocator.record_stream(block, h2d_stream);
+      allocator.deallocate(block);
+    } catch (...) {  // out of host memory for the block's list of streams
+      try {
+        backend.synchronize_stream(h2d_stream);
+        allocator.deallocate(block);
+      } catch (...) {
+      }
     }
-    allocator.deallocate(block);
     e.state = e.spill_done.value != 0 ? buffer_state::spilling : buffer_state::spilled;
     throw;
   }
   // The host copy returns to the pool once the copy that reads it has completed.
-  const event_ref host_done = take_event_locked();
   try {
     backend.record_event(host_done, h2d_stream);
     host.free_after(e.host_ptr, host_done);
@@ -175,23 +185,41 @@ void eviction_engine::impl::reap_in_flight_locked() {
 }
 
 // Drops the host copy of a buffer: now if no copy touches it, after the spill's copy otherwise.
+// The spill's bookkeeping (its event, in_flight, the d2h queue) goes first, so that whatever the
+// pool does, the buffer is left without a host copy and consistent.
 void eviction_engine::impl::discard_host_copy_locked(buffer_entry& e) noexcept {
   if (e.host_ptr == nullptr) return;
-  try {
-    if (e.spill_done.value != 0) {
-      host.free_after(e.host_ptr, e.spill_done);  // the pool owns the event now
-      d2h_queued_bytes -= e.size;
-      e.spill_done = {};
-      std::erase(in_flight, &e);
-    } else {
-      host.free(e.host_ptr);
-    }
-  } catch (...) {
-    // An unknown host pointer cannot happen; if it did, leaking is safer than freeing.
-  }
+  void* const block = e.host_ptr;
+  const event_ref done = e.spill_done;
   e.host_ptr = nullptr;
+  if (done.value != 0) {
+    d2h_queued_bytes -= e.size;
+    e.spill_done = {};
+    std::erase(in_flight, &e);
+  }
   if (e.state == buffer_state::spilling || e.state == buffer_state::spilled) {
     set_state_locked(e, buffer_state::dropped);
+  }
+  try {
+    if (done.value != 0) {
+      host.free_after(block, done);  // the pool owns the event now
+    } else {
+      host.free(block);
+    }
+    return;
+  } catch (...) {
+    // Out of host memory for the pool's lists (an unknown pointer cannot happen).
+  }
+  if (done.value == 0) return;  // the block stays handed out: the pool frees it when destroyed
+  try {
+    backend.synchronize_event(done);  // the copy into the block has completed: free it now
+  } catch (...) {
+    return;  // the copy may still write the block: the event and the block are leaked
+  }
+  backend.destroy_event(done);
+  try {
+    host.free(block);
+  } catch (...) {
   }
 }
 

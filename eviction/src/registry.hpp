@@ -86,6 +86,7 @@ struct buffer_entry {
   std::uint32_t output_index = 0;
   std::vector<node_entry*> consumers;  // live nodes that need it as an input (keep it alive)
   bool user_owned = true;           // false once forgotten (kept only while consumers need it)
+  buffer_entry* release_next = nullptr;  // on impl::release_stack: the entry released after it
   bool evictable = true;
   // An entry of a pin_together that has let its pins go to fit (engine_pin_together.cpp): the op under way
   // needs it now. Note [Pinning together lets go to fit].

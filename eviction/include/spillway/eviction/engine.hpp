@@ -138,7 +138,10 @@ class pinned_buffer {
 class eviction_engine {
  public:
   eviction_engine(device_allocator& allocator, engine_config config = {});
-  ~eviction_engine();  // frees every buffer it owns; unregisters from the allocator
+  // Unregisters from the allocator, waits for its pressure handler calls under way on other
+  // threads (a call that starts later frees nothing), and frees every buffer it owns. Not from
+  // inside a pressure handler or a lineage compute.
+  ~eviction_engine();
   eviction_engine(const eviction_engine&) = delete;
   eviction_engine& operator=(const eviction_engine&) = delete;
 
@@ -151,11 +154,15 @@ class eviction_engine {
   void remove_node(node_id id);
 
   // Takes ownership of `ptr`, a live allocation of the allocator of `size` bytes used on `stream`.
+  // A stream is checked when the engine first sees it: one the device does not know (never
+  // created, or destroyed already) is invalid_argument naming the pointer and the stream, as for
+  // pin(id, use).
   buffer_id register_buffer(void* ptr, std::size_t size, stream_ref stream,
                             buffer_options options = {});
   // Gives an existing buffer new lineage: it is now output `output_index` of `producer` (for
-  // example after an in-place update). Lineage may then form a cycle, which rematerialisation
-  // detects and reports.
+  // example after an in-place update). A producer that reads the buffer itself (an in-place update
+  // recorded as x = f(x)) is invalid_argument naming both: it could never recompute it. Lineage
+  // may still form a longer cycle, which rematerialisation detects and reports.
   void set_lineage(buffer_id id, node_id producer, std::uint32_t output_index = 0);
 
   // Releases the buffer (its memory, host copy and, once no output of it is left, its node).
