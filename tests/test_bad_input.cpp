@@ -245,6 +245,23 @@ TEST_CASE("a device_allocator needs a backend") {
   CHECK(contains(m, "nullptr"));
 }
 
+TEST_CASE("an expandable address range over the largest request is refused, naming it") {
+  auto env = make_sim_env();
+  for (const std::size_t range : {std::numeric_limits<std::size_t>::max(), size_classes::max_request_size + 1}) {
+    CAPTURE(range);
+    allocator_config c = env->expandable_config(unlimited_budget);
+    c.expandable_address_range = range;  // rounded up to granules, the largest wrapped to 0
+    const std::string m = message_of<spillway::invalid_argument>(
+        [&] { device_allocator a(env->backend, c); });
+    CHECK(contains(m, "expandable_address_range of " + std::to_string(range) + " bytes"));
+    CHECK(contains(m, "expected at most 256.00 TiB"));
+  }
+  allocator_config c = env->expandable_config(unlimited_budget);
+  c.expandable_address_range = size_classes::max_request_size;  // the largest is taken (whether
+  device_allocator a(env->backend, c);                          // the host can reserve it is
+  CHECK(a.config().expandable_address_range == size_classes::max_request_size);  // another matter)
+}
+
 TEST_CASE("caching_allocator: invalid device indices, mismatched and null backends") {
   auto make_sim = [](int index) {
     sim_config c = default_sim_config();

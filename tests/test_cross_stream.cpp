@@ -352,3 +352,56 @@ TEST_CASE("on_free_completed: at once for own-stream frees, after the other stre
   CHECK(other.stats().allocated_bytes[0].current == 0);
   check_stats_match_snapshot(alloc.stats(), alloc.snapshot());
 }
+
+TEST_CASE("under pressure, frees pending on streams that can be waited for are reaped when another cannot") {
+  // Two frees pending, on a stream whose work is merely unfinished and on a held one: the wait
+  // for the held one fails, and the other's free must still serve the request.
+  auto env = make_sim_env();
+  allocator_config config = env->config();
+  config.budget = 24 * MiB;
+  device_allocator alloc(env->backend, config);
+  const stream_ref s = env->new_stream();
+  const stream_ref a = env->new_stream();
+  const stream_ref b = env->new_stream();
+  void* x = alloc.allocate(12 * MiB, s);
+  void* y = alloc.allocate(12 * MiB, s);  // the budget is full
+  alloc.record_stream(x, a);
+  env->sim->launch(a, 5'000'000);  // a uses x for 5 ms (the clock is manual: not done yet)
+  alloc.record_stream(y, b);
+  env->sim->hold(b);
+  env->sim->launch(b, 1000);
+  CHECK(alloc.deallocate(x) == free_status::deferred);
+  CHECK(alloc.deallocate(y) == free_status::deferred);
+  void* z = alloc.allocate(12 * MiB, s);  // waits for a, not for b
+  CHECK(z == x);
+  CHECK(state_of(alloc, y) == block_state::active_pending_free);
+  alloc.deallocate(z);
+  env->sim->release(b);
+  env->sim->run_until_idle();
+  alloc.empty_cache();
+  CHECK(alloc.stats().reserved_bytes[0].current == 0);
+  check_stats_match_snapshot(alloc.stats(), alloc.snapshot());
+}
+
+TEST_CASE("expandable segments: an awaited free that joins the free tail lets it grow within the budget") {
+  // [x 2.5 MiB][p 1.17 MiB][free] in 4 MiB of granules; p's free waits on another stream. With
+  // p back, the tail is free from 2.5 MiB on, and 3 MiB needs one more granule, which the budget
+  // allows: served, not out of memory.
+  auto env = make_sim_env();
+  device_allocator alloc(env->backend, env->expandable_config(unlimited_budget));
+  const stream_ref s = env->new_stream();
+  const stream_ref t = env->new_stream();
+  void* x = alloc.allocate(2 * MiB + 512 * KiB, s);
+  void* p = alloc.allocate(1200 * KiB, s);
+  alloc.record_stream(p, t);
+  env->sim->launch(t, 1'000'000);  // t still uses p for 1 ms
+  CHECK(alloc.deallocate(p) == free_status::deferred);
+  alloc.set_budget(6 * MiB);
+  void* z = alloc.allocate(3 * MiB, s);
+  CHECK(z != nullptr);
+  CHECK(alloc.stats().reserved_bytes[0].current <= static_cast<std::int64_t>(6 * MiB));
+  CHECK(alloc.stats().num_ooms == 0);
+  alloc.deallocate(z);
+  alloc.deallocate(x);
+  check_stats_match_snapshot(alloc.stats(), alloc.snapshot());
+}

@@ -80,6 +80,12 @@ device_allocator::impl::impl(std::shared_ptr<device_backend> b, allocator_config
                            " can hold nothing; use unlimited_budget for no budget");
   }
   stats.budget = budget == unlimited_budget ? -1 : static_cast<std::int64_t>(budget);
+  if (config.expandable_address_range > size_classes::max_request_size) {  // it is rounded up
+    throw invalid_argument("spillway: expandable_address_range of " +
+                           std::to_string(config.expandable_address_range) + " bytes on device " +
+                           std::to_string(device) + ": expected at most " +
+                           format_bytes(size_classes::max_request_size) + " (0: the device's memory)");
+  }
   if (config.expandable_segments) {
     granularity = backend->vmm_granularity();
     small_pool.set_granularity(granularity);
@@ -281,10 +287,13 @@ void device_allocator::impl::defer_free_locked(block* b) noexcept {
         backend->synchronize_stream(s);
       } catch (const std::exception& sync_error) {
         ++b->pending_events;  // never reaped
-        warn(std::string("spillway: cannot order the free of a block on device ") +
-             std::to_string(device) + " after stream " + std::to_string(s.value) + " (" +
-             error.what() + "; " + sync_error.what() + "); its " + format_bytes(b->size) +
-             " are leaked rather than reused early");
+        try {  // noexcept: without host memory for the message, the leak goes unreported
+          warn(std::string("spillway: cannot order the free of a block on device ") +
+               std::to_string(device) + " after stream " + std::to_string(s.value) + " (" +
+               error.what() + "; " + sync_error.what() + "); its " + format_bytes(b->size) +
+               " are leaked rather than reused early");
+        } catch (...) {
+        }
       }
     }
   }

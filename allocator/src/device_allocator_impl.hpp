@@ -145,7 +145,7 @@ struct device_allocator::impl {
 
   // --- introspection and reporting (device_allocator_introspection.cpp) --------------------------
   std::size_t largest_free_locked() const noexcept;
-  free_status classify_invalid_free_locked(std::uintptr_t address, std::string& message) const;
+  free_status classify_invalid_free_locked(std::uintptr_t address, std::string& message) const noexcept;
   void warn(const std::string& message) const noexcept;
   detail::segment* segment_containing_locked(std::uintptr_t address) const noexcept;
   void count_segment_locked(const detail::segment& seg, int sign, std::size_t bytes) noexcept;

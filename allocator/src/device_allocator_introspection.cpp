@@ -22,6 +22,7 @@ std::string hex(std::uintptr_t a) {
 }  // namespace
 
 void device_allocator::impl::warn(const std::string& message) const noexcept {
+  if (message.empty()) return;  // none could be made (out of host memory)
   try {
     if (config.on_warning) {
       config.on_warning(message);
@@ -41,17 +42,22 @@ segment* device_allocator::impl::segment_containing_locked(std::uintptr_t addres
   return address < seg->address + seg->address_range ? seg : nullptr;
 }
 
+// The message is left empty when the host has no memory for it: deallocate is noexcept, and a
+// free must not end the process for want of a warning.
 free_status device_allocator::impl::classify_invalid_free_locked(std::uintptr_t address,
-                                                                 std::string& message) const {
-  const std::string where = "spillway: deallocate(" + hex(address) + ") on device " +
-                            std::to_string(device) + ": ";
-  if (segment* seg = segment_containing_locked(address)) {
-    message = where + "not a live allocation (already freed, or not the start of a block) in the " +
-              format_bytes(seg->size) + " segment at " + hex(seg->address) + "; ignored";
-    return free_status::not_live;
+                                                                 std::string& message) const noexcept {
+  const segment* seg = segment_containing_locked(address);
+  try {
+    const std::string where = "spillway: deallocate(" + hex(address) + ") on device " +
+                              std::to_string(device) + ": ";
+    message = seg != nullptr
+                  ? where + "not a live allocation (already freed, or not the start of a block) in the " +
+                        format_bytes(seg->size) + " segment at " + hex(seg->address) + "; ignored"
+                  : where + "unknown pointer, not allocated by spillway on this device; ignored";
+  } catch (...) {
+    message.clear();
   }
-  message = where + "unknown pointer, not allocated by spillway on this device; ignored";
-  return free_status::unknown_pointer;
+  return seg != nullptr ? free_status::not_live : free_status::unknown_pointer;
 }
 
 std::size_t device_allocator::impl::largest_free_locked() const noexcept {

@@ -52,9 +52,11 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
   // would usually end in the same release (below), since the free segments are still there.
   if (const std::size_t shortfall = budget_shortfall_locked(rounded);
       shortfall > 0 && releasable_bytes_locked() >= shortfall) {
-    // The release awaits the frees pending on other streams first: one may serve it in place.
+    // The release awaits the frees pending on other streams first: one may serve it in place,
+    // or (expandable segments) join the free tail, so that growing it needs fewer granules.
     if (pending_count > 0 && await_pending_frees_locked(/*all=*/true)) {
       if (block* b = pool.best_fit(stream, rounded)) return b;
+      if (block* b = reserve_locked(pool, stream, rounded)) return b;
     }
     if (release_cached_locked(shortfall) > 0) {
       if (block* b = reserve_locked(pool, stream, rounded)) {
@@ -97,6 +99,7 @@ block* device_allocator::impl::allocate_slow_releasing_lock(std::unique_lock<std
   // then give every free segment back to the device and reserve again.
   if (pending_count > 0 && await_pending_frees_locked(/*all=*/true)) {
     if (block* b = pool.best_fit(stream, rounded)) return b;
+    if (block* b = reserve_locked(pool, stream, rounded)) return b;  // a tail grown less
   }
   if (release_cached_locked() > 0) {
     if (block* b = reserve_locked(pool, stream, rounded)) return b;
@@ -143,16 +146,16 @@ std::size_t device_allocator::impl::reap_completed_events_locked() {
 }
 
 // Waits (lock held) for the oldest pending event of each stream, or with `all` for the newest
-// (events on a stream complete in order, so that is all of them). Only under pressure. False if
-// nothing became free, or the backend cannot wait (a held sim stream).
+// (events on a stream complete in order, so that is all of them). Only under pressure. A stream
+// that cannot be waited for (a held sim stream, a device error) keeps its frees pending; the
+// others are waited for and reaped all the same. False if nothing became free.
 bool device_allocator::impl::await_pending_frees_locked(bool all) {
-  try {
-    for (auto& [s, queue] : pending) {
-      if (queue.empty()) continue;
+  for (auto& [s, queue] : pending) {
+    if (queue.empty()) continue;
+    try {
       backend->synchronize_event(all ? queue.back().event : queue.front().event);
+    } catch (const std::exception&) {
     }
-  } catch (const std::exception&) {
-    return false;
   }
   return reap_completed_events_locked() > 0;
 }

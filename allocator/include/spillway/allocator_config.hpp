@@ -26,7 +26,8 @@ struct allocator_config {
   bool expandable_segments = false;
 
   // Address space reserved for each expandable segment. 0: the device's total memory. When one
-  // range is used up, a (pool, stream) gets another.
+  // range is used up, a (pool, stream) gets another. At most size_classes::max_request_size
+  // (256 TiB): more is invalid_argument at construction.
   std::size_t expandable_address_range = 0;
 
   // PyTorch's max_split_size_mb, in bytes: free blocks of at least this size are "oversize". An
