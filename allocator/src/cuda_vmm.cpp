@@ -165,28 +165,29 @@ bool vmm::map(void* addr, std::size_t bytes) {
   if (res != CUDA_SUCCESS) return fail(res, "cuMemSetAccess(" + range_text(addr, bytes) + ")");
 
   std::lock_guard lock(mutex_);
-  pages_.insert(mapped.begin(), mapped.end());
+  try {
+    pages_.insert(mapped.begin(), mapped.end());
+  } catch (...) {  // no host memory for the records: mapped pages nobody tracks would leak
+    for (const auto& [page, handle] : mapped) pages_.erase(page);  // erasing allocates nothing
+    unmap_pages(mapped);
+    throw;
+  }
   return true;
 }
 
+// noexcept, so it allocates nothing: the pages are unmapped where the map holds them (under the
+// lock: release paths only), then their records erased.
 void vmm::unmap(void* addr, std::size_t bytes) noexcept {
   if (granularity_ == 0 || addr == nullptr) return;
   const auto begin = reinterpret_cast<std::uintptr_t>(addr);
-  page_list pages;
-  {
-    std::lock_guard lock(mutex_);
-    pages = take_pages_locked(begin, begin + bytes);
+  std::lock_guard lock(mutex_);
+  const auto first = pages_.lower_bound(begin);
+  const auto last = pages_.lower_bound(begin + bytes);
+  for (auto it = first; it != last; ++it) {  // errors ignored, as in unmap_pages
+    (void)api_.unmap(static_cast<CUdeviceptr>(it->first), granularity_);
+    (void)api_.release(it->second);
   }
-  unmap_pages(pages);
-}
-
-vmm::page_list vmm::take_pages_locked(std::uintptr_t begin, std::uintptr_t end) {
-  page_list pages;
-  auto first = pages_.lower_bound(begin);
-  auto last = pages_.lower_bound(end);
-  pages.assign(first, last);
   pages_.erase(first, last);
-  return pages;
 }
 
 void vmm::unmap_pages(const page_list& pages) const noexcept {

@@ -70,7 +70,6 @@ class vmm {
   void require_vmm(const char* call) const;
   void check_aligned(const char* call, const void* addr, std::size_t bytes) const;
   void unmap_pages(const page_list& pages) const noexcept;
-  page_list take_pages_locked(std::uintptr_t begin, std::uintptr_t end);
   [[noreturn]] void throw_driver_error(CUresult res, const std::string& call) const;
 
   int device_;
