@@ -1,6 +1,7 @@
 // config_string.cpp: parse_config. The contract is in config_string.hpp.
 #include "config_string.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <functional>
@@ -186,12 +187,13 @@ plugin_config parse_config(std::string_view text) {
 
 std::size_t budget_for_device(const plugin_config& config, int device, std::size_t device_total) {
   if (config.device && *config.device != device) return unlimited_budget;
-  if (config.budget_fraction) {
-    const long double bytes = static_cast<long double>(*config.budget_fraction) *
-                              static_cast<long double>(device_total);
-    return std::max<std::size_t>(1, static_cast<std::size_t>(bytes));
-  }
+  if (config.budget_fraction) return fraction_of_memory(*config.budget_fraction, device_total);
   return config.allocator.budget;
+}
+
+std::size_t fraction_of_memory(double fraction, std::size_t device_total) noexcept {
+  const long double bytes = static_cast<long double>(fraction) * static_cast<long double>(device_total);
+  return std::max<std::size_t>(1, static_cast<std::size_t>(bytes));
 }
 
 }  // namespace spillway

@@ -48,4 +48,8 @@ plugin_config parse_config(std::string_view text);
 // device but config.device when that is set.
 std::size_t budget_for_device(const plugin_config& config, int device, std::size_t device_total);
 
+// fraction x device_total bytes, rounded down, and at least 1 (a budget of 0 is refused): what
+// budget_fraction and torch's memory fraction make a budget of. fraction is in [0, 1].
+std::size_t fraction_of_memory(double fraction, std::size_t device_total) noexcept;
+
 }  // namespace spillway

@@ -108,11 +108,10 @@ void spillway_set_memory_fraction(double fraction, int device) {
                                        "): expected a fraction in [0, 1]; the budget is unchanged");
     }
     spillway::device_allocator& d = process_allocator().device(device);
-    const auto bytes = static_cast<std::size_t>(static_cast<long double>(fraction) *
-                                                static_cast<long double>(d.backend().total_memory()));
     // As torch's memory fraction: taken below the memory in use too (allocations then fail until
     // frees), and 0 leaves no room for a new segment.
-    d.set_budget(std::max<std::size_t>(bytes, 1), spillway::below_live::accept);
+    d.set_budget(spillway::fraction_of_memory(fraction, d.backend().total_memory()),
+                 spillway::below_live::accept);
   });
 }
 

@@ -135,14 +135,15 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, cudaStream_t null_stream,
   spillway::plugin_allocator* a = allocator();
   spillway::device_allocator* d = holder(a, ptr);
   if (d == nullptr) return call_real(real_fn, ptr, stream);
-  if ((stream != nullptr ? stream : null_stream) == cudaStreamPerThread && a->config().backend != "sim") {
+  const spillway::stream_ref pool = async_pool(*a, stream, null_stream);
+  if (pool == spillway::stream_ref{reinterpret_cast<std::uintptr_t>(cudaStreamPerThread)}) {
     // One handle names every thread's own stream (Note [Preload streams]): its pool can hand the
     // block to another thread's stream, which nothing orders after this free. So the work this
     // thread queued before the free is waited for first; if that fails, the block is kept.
     if (cudaError_t err = cudaStreamSynchronize(cudaStreamPerThread); err != cudaSuccess) return err;
   }
   try {
-    if (d->owns(ptr)) d->record_stream(ptr, async_pool(*a, stream, null_stream));
+    if (d->owns(ptr)) d->record_stream(ptr, pool);
   } catch (const std::exception& e) {
     set_last_error(e.what());  // freed meanwhile by another thread: release() reports it
   }

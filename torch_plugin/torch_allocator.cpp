@@ -230,10 +230,8 @@ void torch_allocator::setMemoryFraction(double fraction, c10::DeviceIndex device
   TORCH_CHECK_VALUE(fraction >= 0.0 && fraction <= 1.0, "spillway: memory fraction ", fraction,
                     " is invalid: expected a number in [0, 1]");
   device_allocator& d = checked_device(device, "setMemoryFraction");
-  const auto budget =
-      static_cast<std::size_t>(fraction * static_cast<double>(d.backend().total_memory()));
   try {
-    d.set_budget(std::max<std::size_t>(budget, 1), below_live::accept);
+    d.set_budget(fraction_of_memory(fraction, d.backend().total_memory()), below_live::accept);
   } catch (const invalid_argument& e) {
     TORCH_CHECK_VALUE(false, e.what());
   }
