@@ -232,6 +232,12 @@ environment() {
   nvidia-smi
   nvcc --version
   c++ --version | head -n 1
+  # How the compiler CMake takes links its C++ runtime (spillway_cxx_runtime.cmake tells too).
+  local cxx=${CXX:-c++}
+  echo "CXX='${CXX:-}' CC='${CC:-}' LDFLAGS='${LDFLAGS:-}' CXXFLAGS='${CXXFLAGS:-}'"
+  echo "$cxx -> $(readlink -f "$(command -v "$cxx")"): $("$cxx" --version | head -n 1)"
+  echo "  libstdc++.so: $("$cxx" -print-file-name=libstdc++.so); libstdc++.a: $("$cxx" -print-file-name=libstdc++.a)"
+  echo "  specs naming static-libstdc++: $("$cxx" -dumpspecs 2> /dev/null | grep -c static-libstdc++)"
   cmake --version | head -n 1
   command -v ninja && ninja --version
   echo "python3: $(command -v python3)"
@@ -268,6 +274,7 @@ run_step configure "$out/configure.log" \
         -DDOCTEST_INCLUDE_DIR="$carry"
 configured=$?
 grep -E '^-- spillway:' "$out/configure.log"
+grep -E '^-- spillway: C\+\+ runtime' "$out/configure.log" | while read -r line; do summary "configure: ${line#-- }"; done
 if [[ $configured -eq 0 ]] && want build; then
   # Keep going past a target that does not build, so the rest still runs.
   run_step build "$out/build.log" cmake --build "$build" -j "$jobs" "${keep_going[@]}"

@@ -1,6 +1,9 @@
 """torch_gpu_checks: what issue 4 asks to verify on a GPU, each case in a fresh process.
 
-    python3 tests/torch_gpu_checks.py [--steps 1000] [--json FILE]
+    python3 tests/torch_gpu_checks.py [--steps 1000] [--json FILE] [--cases budgets,tooling]
+
+--cases (default: SPILLWAY_GPU_CHECKS, else every case) picks the cases to run, so a lent machine's
+short call can run the one that matters (bench/gpu_suite.sh passes the variable through ctest).
 
 Without a CUDA device it prints "SKIPPED: no CUDA device" and exits 0 (ctest runs it everywhere;
 bench/gpu_suite.sh runs it on the GPU machine). Needs the spillway package on PYTHONPATH.
@@ -205,11 +208,20 @@ def case_preload(tmp):
     return rc == 0, {"stderr": err[-16000:]}
 
 
+CASES = ("identical", "budgets", "tooling", "leaks", "preload")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--json")
+    ap.add_argument("--cases", default=os.environ.get("SPILLWAY_GPU_CHECKS") or ",".join(CASES),
+                    help="comma-separated, from " + ", ".join(CASES))
     args = ap.parse_args()
+    wanted = [c for c in args.cases.split(",") if c]
+    unknown = [c for c in wanted if c not in CASES]
+    if unknown or not wanted:
+        ap.error(f"--cases {args.cases!r}: expected some of {', '.join(CASES)}")
     import torch
     if not torch.cuda.is_available():
         print("SKIPPED: no CUDA device")
@@ -219,6 +231,8 @@ def main():
         for name, fn in (("identical", case_identical), ("budgets", case_budgets),
                          ("tooling", case_tooling), ("leaks", lambda t: case_leaks(t, args.steps)),
                          ("preload", case_preload)):
+            if name not in wanted:
+                continue
             start = time.time()
             ok, detail = fn(tmp)
             report[name] = {"passed": ok, "seconds": round(time.time() - start, 1), "detail": detail}
