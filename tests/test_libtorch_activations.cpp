@@ -147,7 +147,9 @@ TEST_CASE("an output modified in place after its segment is never recomputed fro
 TEST_CASE("spilled activations come back identical, prefetched in backward order") {
   enable_libtorch_hooks();
   const result reference = train_step(nullptr, false);
+  // Each activation is 128 KiB (256 x 128 floats): the cap leaves room for one restored ahead.
   auto options = evict_all(activation_mode::spill);
+  options.max_resident = std::size_t{128} << 10;
   options.prefetch = 1;
   auto manager = activation_manager::make(options);
   const result got = train_step(manager, false);
@@ -156,7 +158,51 @@ TEST_CASE("spilled activations come back identical, prefetched in backward order
   CHECK(s.spills > 0);
   CHECK(s.restores == s.spills);
   CHECK(s.prefetches > 0);
+  CHECK(s.prefetches_unused == 0);  // every storage restored ahead was unpacked
   CHECK(s.drops == 0);
+}
+
+TEST_CASE("a prefetch takes only the room max_resident leaves") {
+  // With a cap of 0 a storage restored ahead would be evicted again at once (a copy each way for
+  // nothing): none is, and each comes back when it is unpacked.
+  enable_libtorch_hooks();
+  const result reference = train_step(nullptr, false);
+  auto options = evict_all(activation_mode::spill);
+  options.prefetch = 4;
+  auto manager = activation_manager::make(options);
+  const result got = train_step(manager, false);
+  check_identical(reference, got);
+  const activation_stats s = manager->stats();
+  CHECK(s.spills > 0);
+  CHECK(s.restores == s.spills);
+  CHECK(s.prefetches == 0);
+  CHECK(s.prefetches_unused == 0);
+}
+
+TEST_CASE("a segment's input that only the segment holds is not prefetched") {
+  // exp saves its output, not its input: x is held by the segment alone, for a replay, which
+  // spill mode never runs. Prefetching it in backward restored bytes nothing read (on CUDA they
+  // then stayed resident, unevictable, to the step's end).
+  enable_libtorch_hooks();
+  activation_options options;
+  options.mode = activation_mode::spill;
+  options.min_bytes = 0;
+  options.prefetch = 8;
+  auto manager = activation_manager::make(options);
+  at::Tensor w = at::randn({1 << 16}).requires_grad_();
+  at::Tensor loss;
+  {
+    activation_scope scope(manager);
+    at::Tensor h = checkpoint([](const std::vector<at::Tensor>& in) { return in[0].exp(); }, {w * 2});
+    loss = h.sum();
+  }
+  REQUIRE(manager->evict(std::size_t{1} << 30).first == 2 * (std::size_t{1} << 18));  // x and h
+  loss.backward();
+  CHECK(at::allclose(w.grad(), 2 * (w.detach() * 2).exp()));
+  const activation_stats s = manager->stats();
+  CHECK(s.restores == 1);  // h, unpacked by exp's backward
+  CHECK(s.prefetches == 0);
+  CHECK(s.prefetches_unused == 0);
 }
 
 TEST_CASE("the link's bandwidth is measured from the managers' copies, unless it is given") {

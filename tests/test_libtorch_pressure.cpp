@@ -205,8 +205,9 @@ TEST_CASE("under the allocator's own pressure, training is bit-identical in ever
 
 TEST_CASE("an unpack's prefetch under pressure never evicts the storage it returns") {
   // Two saved 12 MiB storages, a spilled and b resident; the budget is full. Unpacking b
-  // prefetches a, whose allocation calls the pressure handler: b, resident and held only by the
-  // manager until the unpack's alias is taken, must not be its victim.
+  // prefetches a, whose allocation called the pressure handler: b, resident and held only by the
+  // manager until the unpack's alias is taken, must not be its victim. A prefetch now asks for
+  // room first and finds none (next case); b is held before the prefetch all the same.
   constexpr std::int64_t n = std::int64_t{3} << 20;  // floats: 12 MiB, a segment of its own
   budgeted_cpu cpu(unlimited_budget);
   activation_options options;
@@ -241,6 +242,63 @@ TEST_CASE("an unpack's prefetch under pressure never evicts the storage it retur
   got.reset();
   ha.reset();
   hb.reset();
+  manager->close();
+}
+
+TEST_CASE("a prefetch takes only room the budget has: it never makes the allocator evict") {
+  // Three saved 12 MiB storages: a and b spilled, c resident, the budget full. Unpacking c would
+  // prefetch b then a: with no room, neither is (the allocator's pressure would evict what
+  // backward reads next); with room for one, b is and a is not, and no pressure handler runs.
+  constexpr std::int64_t n = std::int64_t{3} << 20;  // floats: 12 MiB, a segment of its own
+  budgeted_cpu cpu(unlimited_budget);
+  activation_options options;
+  options.mode = activation_mode::spill;
+  options.policy = activation_policy::lru;
+  options.prefetch = 2;
+  auto manager = activation_manager::make(options, &cpu.devices());
+  std::shared_ptr<activation_manager::saved> ha, hb, hc;
+  {
+    at::Tensor a = at::full({n}, 1.0f), b = at::full({n}, 2.0f), c = at::full({n}, 3.0f);
+    ha = manager->pack(a);
+    hb = manager->pack(b);
+    hc = manager->pack(c);
+  }
+  REQUIRE(manager->evict(24u << 20).first == 24u << 20);  // a and b, the least recently used
+  at::Tensor filler_a = at::empty({n}), filler_b = at::empty({n});  // nothing cached is left
+  device_allocator& d = cpu.devices().device(0);
+  d.set_budget(static_cast<std::size_t>(d.stats().reserved_bytes[0].current));
+  const auto pressure_calls = [&] { return d.stats().num_pressure_handler_calls; };
+  const std::uint64_t calls_before = pressure_calls();
+
+  at::Tensor c = manager->unpack(*hc);
+  CHECK(manager->stats().prefetches == 0);
+  CHECK(pressure_calls() == calls_before);
+  CHECK(manager->stats().evictions == 2);
+
+  filler_b.reset();  // a cached block: room for one
+  c = manager->unpack(*hc);
+  CHECK(manager->stats().prefetches == 1);
+  CHECK(pressure_calls() == calls_before);
+  CHECK(manager->stats().evictions == 2);
+  // Compared in place: the budget has no room for a tensor to compare with.
+  const auto all_equal = [](const at::Tensor& t, float v) {
+    const float* p = t.const_data_ptr<float>();
+    return std::all_of(p, p + t.numel(), [v](float x) { return x == v; });
+  };
+  at::Tensor b = manager->unpack(*hb);  // restored ahead: no allocation now
+  CHECK(all_equal(b, 2.0f));
+  CHECK(manager->stats().restores == 1);
+  filler_a.reset();
+  at::Tensor a = manager->unpack(*ha);
+  CHECK(all_equal(a, 1.0f));
+  CHECK(all_equal(c, 3.0f));
+  CHECK(manager->stats().prefetches_unused == 0);
+  a.reset();
+  b.reset();
+  c.reset();
+  ha.reset();
+  hb.reset();
+  hc.reset();
   manager->close();
 }
 

@@ -488,3 +488,23 @@ TEST_CASE("lowering the budget awaits every stream-ordered free the handlers sch
   CHECK(u.alloc.stats().active[0].current == 1);
   u.alloc.deallocate(c);
 }
+
+TEST_CASE("fits_without_eviction says whether an allocation is served without the pressure path") {
+  under_budget t;  // 24 of 30 MiB reserved, both allocations live
+  int calls = 0;
+  t.alloc.add_pressure_handler([&](const pressure_request&) {
+    ++calls;
+    return pressure_result{};
+  });
+  stream_ref other = t.env->new_stream();
+  CHECK(t.alloc.fits_without_eviction(0, t.s));
+  CHECK(t.alloc.fits_without_eviction(6 * MiB, t.s));    // a new segment within the budget
+  CHECK_FALSE(t.alloc.fits_without_eviction(12 * MiB, t.s));  // only by evicting
+  t.alloc.deallocate(t.a);                                 // a cached 12 MiB block on s
+  CHECK(t.alloc.fits_without_eviction(12 * MiB, t.s));
+  CHECK_FALSE(t.alloc.fits_without_eviction(12 * MiB, other));  // not on another stream
+  CHECK_FALSE(t.alloc.fits_without_eviction(size_classes::max_request_size + 1, t.s));
+  CHECK(calls == 0);  // asking runs no handler
+  CHECK(t.alloc.stats().num_alloc_retries == 0);
+  t.alloc.deallocate(t.b);
+}

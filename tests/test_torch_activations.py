@@ -342,18 +342,24 @@ class Spill(unittest.TestCase):
         x = torch.randn(256, 256)
         reference = step(copy.deepcopy(model), x, lambda m, x: m(x))
 
-        def forward(m, x):
-            with spillway.activations(max_resident=0, mode="spill", prefetch=1, min_bytes=0) as acts:
-                y = m(x)
-            forward.acts = acts
-            return y
-        got = step(model, x, forward)
-        assert_identical(self, reference, got)
-        stats = forward.acts.stats()
-        self.assertGreater(stats["spills"], 0)
-        self.assertEqual(stats["restores"], stats["spills"])
-        self.assertGreater(stats["prefetches"], 0)
-        self.assertEqual(stats["drops"], 0)
+        # Activations of 256 KiB (256 x 256 floats). A cap of one leaves room to restore one
+        # ahead; a cap of 0 leaves none (a prefetch would be evicted again at once).
+        for cap, prefetched in ((256 * 1024, True), (0, False)):
+            with self.subTest(max_resident=cap):
+                def forward(m, x):
+                    with spillway.activations(max_resident=cap, mode="spill", prefetch=1,
+                                              min_bytes=0) as acts:
+                        y = m(x)
+                    forward.acts = acts
+                    return y
+                got = step(copy.deepcopy(model), x, forward)
+                assert_identical(self, reference, got)
+                stats = forward.acts.stats()
+                self.assertGreater(stats["spills"], 0)
+                self.assertEqual(stats["restores"], stats["spills"])
+                self.assertEqual(stats["prefetches"] > 0, prefetched)
+                self.assertEqual(stats["prefetches_unused"], 0)
+                self.assertEqual(stats["drops"], 0)
 
     def test_without_host_memory_segments_are_dropped_and_the_rest_kept(self):
         # max_spilled=0: no spill can be made; hybrid drops the segment's storages instead (the

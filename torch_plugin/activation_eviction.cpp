@@ -55,7 +55,7 @@ struct evict_timer {
 
 bool activation_manager::evictable(const entry& e) const {
   // The entry holds one reference, each alias one: anything more is a user of the storage.
-  return e.state == entry_state::resident && e.pins == 0 && !e.copy &&
+  return e.state == entry_state::resident && e.pins == 0 &&
          e.storage.resizable() && e.storage.allocator() != nullptr &&
          e.storage.use_count() == e.aliases + 1 &&
          (options_.mode != activation_mode::drop || droppable(e));
@@ -248,7 +248,13 @@ std::size_t activation_manager::evict_one(entry& e) {
       drop = true;  // its segment recomputes it
     }
   }
+  if (pressure_source_ != nullptr) e.home = pressure_source_->holder_of(e.storage.data());
+  if (e.prefetched) {  // its copy back was for nothing
+    ++counters_.prefetches_unused;
+    e.prefetched = false;
+  }
   if (drop) {
+    e.copy.reset();  // a copy back still in flight: the block's free waits for it (copy_in)
     e.state = entry_state::dropped;
     ++counters_.drops;
     counters_.bytes_dropped += e.nbytes;

@@ -45,6 +45,7 @@ void add_counters(activation_stats& into, const activation_stats& s) {
   into.bytes_dropped += s.bytes_dropped;
   into.bytes_restored += s.bytes_restored;
   into.prefetches += s.prefetches;
+  into.prefetches_unused += s.prefetches_unused;
   into.pressure_calls += s.pressure_calls;
   into.evict_ns += s.evict_ns;
 }
@@ -85,6 +86,7 @@ std::vector<std::pair<std::string, std::uint64_t>> activation_stats::fields() co
       {"bytes_dropped", bytes_dropped},
       {"bytes_restored", bytes_restored},
       {"prefetches", prefetches},
+      {"prefetches_unused", prefetches_unused},
       {"pressure_calls", pressure_calls},
       {"evict_ns", evict_ns},
       {"registered", registered},
@@ -151,8 +153,8 @@ void activation_manager::close() {
 }
 
 activation_manager::saved::saved(std::shared_ptr<activation_manager> manager, entry* e,
-                                 at::Tensor alias)
-    : manager_(std::move(manager)), entry_(e), alias_(std::move(alias)) {}
+                                 at::Tensor alias, bool by_autograd)
+    : manager_(std::move(manager)), entry_(e), alias_(std::move(alias)), by_autograd_(by_autograd) {}
 
 activation_manager::saved::~saved() { manager_->release(*this); }
 
@@ -160,6 +162,7 @@ void activation_manager::release(saved& handle) noexcept {
   std::lock_guard lock(mutex_);
   handle.alias_.reset();
   entry& e = *handle.entry_;
+  if (handle.by_autograd_) --e.unpackable;
   if (--e.aliases == 0) forget(e);
   settle_last_ended();  // an output it held may be gone now
 }
@@ -169,6 +172,7 @@ void activation_manager::forget(entry& e) {
     e.orphaned = true;
     return;
   }
+  if (e.prefetched) ++counters_.prefetches_unused;
   if (e.state == entry_state::resident) left_resident(e);
   if (e.state == entry_state::spilled) {
     spilled_.erase(e.seq);
@@ -276,11 +280,12 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
   std::shared_ptr<saved> handle;
   ++e->aliases;
   try {
-    handle = std::make_shared<saved>(shared_from_this(), e, tensor.detach());
+    handle = std::make_shared<saved>(shared_from_this(), e, tensor.detach(), saved_by_autograd);
   } catch (...) {
     if (--e->aliases == 0) forget(*e);
     throw;
   }
+  if (saved_by_autograd) ++e->unpackable;  // the handle's release counts it down
   // From here the handle owns the alias: should anything below throw, it lets the entry go. The
   // save stays listed in the open segments even then: a program that goes on after the failure
   // saves it again in the replay, which must stay aligned with the list.
@@ -304,6 +309,7 @@ at::Tensor activation_manager::unpack(const saved& handle) {
   // its allocations may call the pressure handler, which would otherwise see this storage
   // resident and unused, evict it, and hand autograd a tensor without memory.
   at::Tensor used = handle.alias_.detach();
+  e.prefetched = false;
   prefetch_before(e.seq);
   if (e.copy) {  // a copy back (prefetched or not) still in flight
     c10::cuda::getCurrentCUDAStream(e.device.index()).unwrap().wait(*e.copy);
@@ -316,14 +322,18 @@ at::Tensor activation_manager::unpack(const saved& handle) {
 void activation_manager::enforce_max_resident() {
   std::lock_guard lock(mutex_);
   if (!options_.max_resident || resident_bytes_ <= *options_.max_resident) return;
-  // The cap is on what could be evicted: storages the program still holds do not count, or a
-  // cap below them would evict everything else at every pack and unpack.
+  const std::size_t evictable_bytes = evictable_resident_bytes();
+  if (evictable_bytes > *options_.max_resident) evict(evictable_bytes - *options_.max_resident);
+}
+
+// What max_resident caps: storages the program still holds do not count, or a cap below them
+// would evict everything else at every pack and unpack.
+std::size_t activation_manager::evictable_resident_bytes() const {
   std::size_t held = 0;
   for (const entry* e : resident_) {
     if (!evictable(*e)) held += e->nbytes;
   }
-  const std::size_t evictable_bytes = resident_bytes_ - held;
-  if (evictable_bytes > *options_.max_resident) evict(evictable_bytes - *options_.max_resident);
+  return resident_bytes_ - held;
 }
 
 void activation_manager::end_scope() {

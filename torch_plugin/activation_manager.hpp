@@ -57,8 +57,11 @@
 //   input in place has nothing dropped once that is seen (its replay would start from other
 //   bytes). An input modified after its segment's storages were dropped (later in that segment,
 //   or after it) makes the replay fail with std::runtime_error, never refill wrong bytes.
-// - After each unpack the next `prefetch` spilled storages in backward order (reverse pack order)
-//   start copying back, so that copies overlap compute. The unpacked storage is already held by
+// - After each unpack the next `prefetch` spilled storages that autograd will unpack, in backward
+//   order (reverse pack order), start copying back, so that copies overlap compute; a storage
+//   held only as a segment's input is restored by the replay that reads it. A storage restored
+//   ahead may be evicted again (a spill waits for its copy back); one evicted or let go before
+//   its unpack counts in stats' prefetches_unused. The unpacked storage is already held by
 //   the returned alias then, so a prefetch's allocation under pressure cannot evict it; a
 //   prefetch out of memory stops prefetching (the entry is restored when it is unpacked).
 // - Pressure: whenever the resident bytes of evictable saved storages (those only the manager
@@ -135,6 +138,7 @@ struct activation_stats {
                 nested_recomputes = 0,  // replays run to restore another replay's inputs
                 spill_fallbacks = 0,  // spills not made for want of host memory (see evict)
                 bytes_spilled = 0, bytes_dropped = 0, bytes_restored = 0, prefetches = 0,
+                prefetches_unused = 0,  // restored ahead, then evicted or let go unread
                 pressure_calls = 0,
                 evict_ns = 0;  // host time in evict and the pressure handler: choice and eviction
   std::uint64_t registered = 0, resident_bytes = 0, spilled_bytes = 0, dropped_bytes = 0;
@@ -172,7 +176,8 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   // entry once no handle of that storage is left.
   class saved {
    public:
-    saved(std::shared_ptr<activation_manager> manager, entry* e, at::Tensor alias);
+    saved(std::shared_ptr<activation_manager> manager, entry* e, at::Tensor alias,
+          bool by_autograd);
     ~saved();
     saved(const saved&) = delete;
     saved& operator=(const saved&) = delete;
@@ -182,6 +187,7 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
     std::shared_ptr<activation_manager> manager_;
     entry* entry_;
     at::Tensor alias_;
+    bool by_autograd_;  // made by pack: autograd unpacks it
   };
 
   // Use make(): handles keep the manager alive through shared_from_this.
@@ -274,6 +280,8 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   double segment_cost(segment& s, int depth);  // with the dropped segments it needs first
   double measured_cost(segment& s);            // its forward's time (so far, if it runs)
   void prefetch_before(std::uint64_t seq);
+  bool room_to_prefetch(const entry& e) const;
+  std::size_t evictable_resident_bytes() const;
   void note_saved(entry* e);
 
   activation_options options_;

@@ -91,9 +91,16 @@ struct activation_manager::entry {
   std::size_t nbytes = 0;
   c10::Device device{c10::DeviceType::CPU};
   std::size_t aliases = 0;
+  std::size_t unpackable = 0;  // of the aliases, autograd's saves (pack): what unpack will read
   entry_state state = entry_state::resident;
   at::Tensor host;                       // spilled bytes
-  std::optional<c10::Event> copy;        // CUDA: the copy the next user waits for
+  // CUDA: the copy the next user waits for. A resident entry's is its copy back, which a spill
+  // waits for on the copy stream (copy_out); it does not keep the entry from being evicted.
+  std::optional<c10::Event> copy;
+  bool prefetched = false;  // restored ahead of its unpack, not unpacked since
+  // The allocator its memory came from when it was last evicted (the pressure source's; nullptr:
+  // none, or not spillway's memory): where a prefetch asks for room.
+  const device_allocator* home = nullptr;
   std::shared_ptr<segment> lineage;      // the checkpoint segment that made it
   // The version counter of the tensor first registered (its views share it), and its value when
   // the lineage's bytes were the storage's: when it was saved or registered as an output, then

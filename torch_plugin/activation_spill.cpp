@@ -122,6 +122,7 @@ void activation_manager::copy_out(entry& e, at::Tensor host) {
   const c10::DeviceIndex device = e.device.index();
   room_for_copy(device);
   auto d2h = copy_streams(device).first;
+  if (e.copy) d2h.unwrap().wait(*e.copy);  // restored ahead, its copy back may still run
   c10::Event ready = wait_for(d2h, c10::cuda::getCurrentCUDAStream(device));
   c10::Event start = timing_event(d2h);
   {
@@ -183,16 +184,38 @@ void activation_manager::copy_in(entry& e) {
   counters_.bytes_restored += e.nbytes;
 }
 
+// Room for `e` under max_resident and in the allocator its memory came from, without evicting.
+bool activation_manager::room_to_prefetch(const entry& e) const {
+  if (options_.max_resident && evictable_resident_bytes() + e.nbytes > *options_.max_resident) {
+    return false;  // the cap would evict it, or another, at once
+  }
+  if (e.home == nullptr) return true;  // no budget of spillway's holds it
+  const void* stream = e.device.is_cuda()
+                           ? static_cast<const void*>(c10::cuda::getCurrentCUDAStream(e.device.index()).stream())
+                           : nullptr;  // copy_in allocates on the current stream (CPU: the default)
+  return e.home->fits_without_eviction(e.nbytes, pressure_source_->stream_of(stream));
+}
+
+// Only an entry autograd will unpack is restored ahead: a segment's input that nothing but the
+// segment holds is read by its replay alone, which restores it then (in spill mode there is no
+// replay at all). Restoring those filled the budget with storages nothing would read, and, on
+// CUDA, where a restored entry stayed unevictable until its unpack, held them to the step's end.
 void activation_manager::prefetch_before(std::uint64_t seq) {
   std::vector<entry*> next;
   for (auto it = spilled_.lower_bound(seq); it != spilled_.begin() && next.size() < options_.prefetch;) {
-    next.push_back((--it)->second);
+    entry* e = (--it)->second;
+    if (e->unpackable > 0) next.push_back(e);
   }
   for (entry* e : next) {
-    // A prefetch is only ahead of time: out of memory for it (the budget full of what backward
-    // uses now) stops prefetching, and the entry is copied back when it is unpacked.
+    // A prefetch is only ahead of time: it takes room the budget has, and never makes the
+    // allocator evict (it would evict what backward reads next, and what it prefetched: the
+    // GPU check's transformer prefetched more than half of its restores for nothing at 50%).
+    // No room, or out of memory all the same, stops prefetching; the entry is copied back when
+    // it is unpacked.
+    if (!room_to_prefetch(*e)) return;
     try {
       copy_in(*e);
+      e->prefetched = true;
     } catch (const c10::OutOfMemoryError&) {  // spillway's c10 allocators throw this one
       return;
     }

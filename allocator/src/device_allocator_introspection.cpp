@@ -240,6 +240,15 @@ std::size_t device_allocator::releasable_bytes() const noexcept {
   return impl_->releasable_bytes_locked();
 }
 
+bool device_allocator::fits_without_eviction(std::size_t bytes, stream_ref stream) const noexcept {
+  if (bytes == 0) return true;  // served without memory
+  if (bytes - 1 >= size_classes::max_request_size) return false;  // allocate refuses it
+  const std::size_t rounded = size_classes::round_size(bytes);
+  std::lock_guard lock(impl_->mutex);
+  return impl_->pool_for(rounded).best_fit(stream, rounded) != nullptr ||
+         impl_->budget_shortfall_locked(rounded) == 0;
+}
+
 std::size_t device_allocator::largest_free_block() const {
   std::lock_guard lock(impl_->mutex);
   return impl_->largest_free_locked();
