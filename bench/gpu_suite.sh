@@ -44,7 +44,8 @@
 #   SPILLWAY_TRAIN_ARGS  extra arguments for train_bench.py's suite run (e.g. "--models resnet50
 #                        --budgets 1.0,0.5"), with --resume, to cut the 132-process suite up
 #   SPILLWAY_MAX_BATCH_ARGS  extra arguments for train_bench.py --max-batch
-#   SPILLWAY_COMMIT      the commit to record when the tree has no .git
+#   SPILLWAY_COMMIT      the commit to record; without it, the tree's .git HEAD (a lent machine's
+#                        copy of the tree may carry a .git that is not the tree's: name it)
 #
 # Exit status: 0 when everything built and passed; 1 otherwise. Every step runs regardless, so a
 # failing test still leaves benchmark numbers (marked as such in metadata.json).
@@ -155,7 +156,7 @@ join() { local IFS=,; echo "$*"; }
 write_metadata() {
   local gpu commit dirty i sep
   gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2> /dev/null | head -n 1)
-  commit=$(git -C "$repo" rev-parse HEAD 2> /dev/null || echo "${SPILLWAY_COMMIT:-unknown}")
+  commit=${SPILLWAY_COMMIT:-$(git -C "$repo" rev-parse HEAD 2> /dev/null || echo unknown)}
   dirty=$(git -C "$repo" status --porcelain --untracked-files=no 2> /dev/null | grep -q . && echo true || echo false)
   {
     echo "{"
