@@ -44,6 +44,10 @@
 #   SPILLWAY_TRAIN_ARGS  extra arguments for train_bench.py's suite run (e.g. "--models resnet50
 #                        --budgets 1.0,0.5"), with --resume, to cut the 132-process suite up
 #   SPILLWAY_MAX_BATCH_ARGS  extra arguments for train_bench.py --max-batch
+#   SPILLWAY_GPU_CXX     the C++ compiler (default: $CXX, unless that one has no shared libstdc++
+#                        and /usr/bin/g++ has: the H200 machine's /opt/gcc links it statically,
+#                        and a LibTorch test program then holds two C++ runtimes; Note [One C++
+#                        runtime per symbol] in docs/integration.md). Read at the first configure.
 #   SPILLWAY_COMMIT      the commit to record; without it, the tree's .git HEAD (a lent machine's
 #                        copy of the tree may carry a .git that is not the tree's: name it)
 #
@@ -260,6 +264,15 @@ run_step environment "$out/environment.log" bash -c environment
 sed -n '1,/^$/p' "$out/environment.log" | grep -E 'Driver|NVIDIA H' | head -n 2
 
 # --- configure and build ----------------------------------------------------------------------------
+# A compiler whose libstdc++ is shared, like the one python and libtorch load (see SPILLWAY_GPU_CXX).
+shared_runtime() { [[ $("$1" -print-file-name=libstdc++.so 2> /dev/null) == /* ]]; }
+if [[ -n ${SPILLWAY_GPU_CXX:-} ]]; then
+  export CXX=$SPILLWAY_GPU_CXX
+elif ! shared_runtime "${CXX:-c++}" && [[ -x /usr/bin/g++ ]] && shared_runtime /usr/bin/g++; then
+  summary "configure: ${CXX:-c++} has no shared libstdc++; building with /usr/bin/g++"
+  export CXX=/usr/bin/g++
+  [[ -x /usr/bin/gcc ]] && export CC=/usr/bin/gcc
+fi
 generator=()
 keep_going=(-- -k)
 if command -v ninja > /dev/null; then generator=(-G Ninja); keep_going=(-- -k 0); fi

@@ -33,8 +33,9 @@ if(SPILLWAY_STATIC_CXX_RUNTIME)
     "spillway: ${CMAKE_CXX_COMPILER} links libstdc++ statically (its shared libstdc++: "
     "'${_shared_runtime}'; linker flags: '${CMAKE_EXE_LINKER_FLAGS}'). spillway's Python module "
     "and plugin libraries keep their copy private (version scripts), but a C++ exception thrown "
-    "by spillway into PyTorch then crosses two C++ runtimes, and the LibTorch test programs hold "
-    "two copies of it. Prefer a compiler whose libstdc++ is shared, the one PyTorch's process "
-    "loads (for example CXX=/usr/bin/g++).")
+    "by spillway into PyTorch then crosses two C++ runtimes, and programs linked with LibTorch "
+    "(the test_libtorch_* tests) hold two copies that the dynamic linker mixes, and may fail. "
+    "Prefer a compiler whose libstdc++ is shared, as PyTorch's process loads it (for example "
+    "CXX=/usr/bin/g++).")
 endif()
 message(STATUS "spillway: C++ runtime linked statically: ${SPILLWAY_STATIC_CXX_RUNTIME}")
