@@ -17,14 +17,19 @@ set(SPILLWAY_STATIC_CXX_RUNTIME OFF)
 if(NOT _probe_built)
   message(WARNING "spillway: could not link a probe program to tell how ${CMAKE_CXX_COMPILER} "
                   "links its C++ runtime; assuming a shared libstdc++")
-elseif(CMAKE_NM)
+elseif(NOT CMAKE_NM)
+  message(WARNING "spillway: no nm to tell how ${CMAKE_CXX_COMPILER} links its C++ runtime; "
+                  "assuming a shared one")
+else()
   execute_process(COMMAND ${CMAKE_NM} --defined-only ${_probe_bin}
                   OUTPUT_VARIABLE _probe_symbols ERROR_QUIET RESULT_VARIABLE _probe_nm)
-  # Defined in the program: the runtime was copied into it. A shared libstdc++ leaves it undefined.
-  if(_probe_nm EQUAL 0 AND _probe_symbols MATCHES "_ZNSt6locale7classicEv")
+  # Defined in the program: the runtime was copied into it (libstdc++'s or libc++'s mangling). A
+  # shared one leaves it undefined.
+  if(_probe_nm EQUAL 0 AND _probe_symbols MATCHES "_ZNSt(3__1)?6locale7classicEv")
     set(SPILLWAY_STATIC_CXX_RUNTIME ON)
   endif()
 endif()
+unset(_probe_built CACHE)  # try_compile caches it: probe again at every configure
 
 if(SPILLWAY_STATIC_CXX_RUNTIME)
   execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so

@@ -6,6 +6,7 @@
 # Fails naming every exported symbol that ALLOWED does not match (a C++ runtime that a toolchain
 # linked in statically, or any C++ symbol, would be bound by the dynamic linker to the process's
 # other copy), and when nothing at all is exported (the check would prove nothing).
+cmake_minimum_required(VERSION 3.21)
 foreach(var NM LIBRARY ALLOWED)
   if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
     message(FATAL_ERROR "check_exports.cmake: -D${var}=... is required")

@@ -508,3 +508,19 @@ TEST_CASE("fits_without_eviction says whether an allocation is served without th
   CHECK(t.alloc.stats().num_alloc_retries == 0);
   t.alloc.deallocate(t.b);
 }
+
+TEST_CASE("fits_without_eviction needs the device to have the memory, whatever the budget") {
+  // A 32 MiB device, no budget, 24 MiB live: another 12 MiB segment fits no budget but the
+  // device has 8 MiB free; 6 MiB fits.
+  sim_config sc = default_sim_config();
+  sc.capacity = 32 * MiB;
+  std::unique_ptr<backend_env> env = make_sim_env(sc);
+  device_allocator alloc{env->backend, env->config()};
+  stream_ref s = env->new_stream();
+  void* a = alloc.allocate(12 * MiB, s);
+  void* b = alloc.allocate(12 * MiB, s);
+  CHECK_FALSE(alloc.fits_without_eviction(12 * MiB, s));
+  CHECK(alloc.fits_without_eviction(6 * MiB, s));
+  alloc.deallocate(a);
+  alloc.deallocate(b);
+}

@@ -12,7 +12,9 @@ Cases
 - identical:  losses and gradients of an MLP, a CNN with BatchNorm and dropout, and a small
               transformer, with deterministic algorithms: spillway installed with every activation
               evicted (max_resident=0; checkpoint segments dropped, the rest spilled) against a run
-              on PyTorch's own allocator. Must be bit-identical.
+              on PyTorch's own allocator. Must be bit-identical. And the MLP in spill mode with
+              every storage evicted at each Linear's backward, so that storages restored ahead
+              are spilled again while their copy back may still run.
 - budgets:    the transformer trained at 70%, 50% and 30% of its unconstrained peak reserved bytes
               (measured first under spillway without a budget), with activations() and checkpoint
               segments under the allocator's pressure, hybrid, and at 50% also spill-only and
@@ -104,6 +106,25 @@ def case_identical(tmp):
         ok = rc1 == 0 and rc2 == 0 and all(
             torch_equal(a, b) for a, b in zip(load(ref), load(got)))
         results[name] = {"passed": ok, "stderr": (e1 + e2)[-2000:] if not ok else ""}
+    # Storages restored ahead and evicted again before their unpack, while their copy back may
+    # still run: each Linear's backward hook evicts everything, so the prefetches of the unpack
+    # before are spilled again (the spill's copy must wait for the copy back).
+    ref, got = os.path.join(tmp, "mlp-ref.pt"), os.path.join(tmp, "mlp-evict-got.pt")
+    rc, _, e = run(f"""
+        import spillway; spillway.install()
+        model, data = make("mlp"); model = model.cuda(); x = data().cuda()
+        def evict_all(*_):
+            LAST["acts"].evict(1 << 50)
+        for m in model:
+            if isinstance(m, torch.nn.Linear):
+                m.register_full_backward_hook(evict_all)
+        loss = step(model, x, dict(mode="spill", prefetch=4, min_bytes=0))
+        s = LAST["acts"].stats()
+        assert s["prefetches"] > 0 and s["prefetches_unused"] > 0, s
+        torch.save([loss.cpu()] + [p.grad.cpu() for p in model.parameters()], "{got}")
+    """)
+    ok = rc == 0 and all(torch_equal(a, b) for a, b in zip(load(ref), load(got)))
+    results["mlp, prefetches evicted"] = {"passed": ok, "stderr": e[-2000:] if not ok else ""}
     return all(r["passed"] for r in results.values()), results
 
 

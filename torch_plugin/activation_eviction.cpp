@@ -248,11 +248,6 @@ std::size_t activation_manager::evict_one(entry& e) {
       drop = true;  // its segment recomputes it
     }
   }
-  if (pressure_source_ != nullptr) e.home = pressure_source_->holder_of(e.storage.data());
-  if (e.prefetched) {  // its copy back was for nothing
-    ++counters_.prefetches_unused;
-    e.prefetched = false;
-  }
   if (drop) {
     e.copy.reset();  // a copy back still in flight: the block's free waits for it (copy_in)
     e.state = entry_state::dropped;
@@ -264,10 +259,9 @@ std::size_t activation_manager::evict_one(entry& e) {
     const auto slot = spilled_.try_emplace(e.seq, &e).first;
     try {
       copy_out(e, std::move(host));
-    } catch (...) {
+    } catch (...) {  // copy_out left e.copy as it was (a restore's, still to be waited for)
       spilled_.erase(slot);
       e.host.reset();
-      e.copy.reset();
       throw;
     }
     e.state = entry_state::spilled;
@@ -275,6 +269,12 @@ std::size_t activation_manager::evict_one(entry& e) {
     ++counters_.spills;
     counters_.bytes_spilled += e.nbytes;
   }
+  if (e.prefetched) {  // its copy back was for nothing
+    ++counters_.prefetches_unused;
+    e.prefetched = false;
+  }
+  // Where a prefetch asks for room (room_to_prefetch): the allocator that holds its memory now.
+  if (pressure_source_ != nullptr) e.home = pressure_source_->holder_of(e.storage.data());
   // Frees the memory (on CUDA in stream order after the copy) and keeps the StorageImpl.
   e.storage.set_data_ptr_noswap(at::DataPtr(nullptr, e.device));
   e.storage.set_nbytes(0);

@@ -130,9 +130,13 @@ void activation_manager::copy_out(entry& e, at::Tensor host) {
     e.host.copy_(source, /*non_blocking=*/true);
   }
   source.record_stream(d2h.unwrap());  // the block is not reused before the copy has read it
-  e.copy.emplace(c10::DeviceType::CUDA);
-  e.copy->record(d2h.unwrap());
-  list_copy({device, link_direction::to_host, e.nbytes, std::move(start), timing_event(d2h),
+  c10::Event copied(c10::DeviceType::CUDA);
+  copied.record(d2h.unwrap());
+  c10::Event end = timing_event(d2h);
+  // Nothing below throws. Until here a restore's event (an entry restored ahead) stays the one
+  // its unpack waits for, should the spill fail and the entry stay resident.
+  e.copy = std::move(copied);
+  list_copy({device, link_direction::to_host, e.nbytes, std::move(start), std::move(end),
              std::move(ready)});
 }
 
@@ -186,8 +190,9 @@ void activation_manager::copy_in(entry& e) {
 
 // Room for `e` under max_resident and in the allocator its memory came from, without evicting.
 bool activation_manager::room_to_prefetch(const entry& e) const {
-  if (options_.max_resident && evictable_resident_bytes() + e.nbytes > *options_.max_resident) {
-    return false;  // the cap would evict it, or another, at once
+  if (const auto cap = options_.max_resident;
+      cap && resident_bytes_ + e.nbytes > *cap && evictable_resident_bytes() + e.nbytes > *cap) {
+    return false;  // the cap would evict it, or another, at once (the scan only when it may)
   }
   if (e.home == nullptr) return true;  // no budget of spillway's holds it
   const void* stream = e.device.is_cuda()

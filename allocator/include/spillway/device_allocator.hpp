@@ -117,8 +117,8 @@ class device_allocator {
   // with live blocks adds none). 0 if ptr is not live. For eviction under a budget.
   std::size_t releasable_if_freed(const void* ptr) const noexcept;
   // Whether allocate(bytes, stream) would be served now without the pressure path: by a cached
-  // free block on `stream`, or by memory reserved within the budget. A hint, not a promise
-  // (another thread may take the room first, the device may refuse a reservation); what
+  // free block on `stream`, or by memory reserved within the budget that the device has free. A
+  // hint, not a promise (another thread may take the room first); what
   // speculative work, such as a prefetch, asks so as not to make the allocator evict for it.
   bool fits_without_eviction(std::size_t bytes, stream_ref stream = {}) const noexcept;
 

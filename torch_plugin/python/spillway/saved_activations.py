@@ -36,8 +36,10 @@ Contract
   (when not modified in place since), so a boundary can be dropped; a replay restores its inputs
   first, replaying the segments before it (producers first, through every input) when they were
   dropped too.
-- After each unpack, the next `prefetch` spilled storages in backward order (reverse pack order)
-  start copying back, so that copies overlap compute.
+- After each unpack, the next `prefetch` spilled storages that autograd will unpack, in backward
+  order (reverse pack order), start copying back, so that copies overlap compute; each only into
+  room that max_resident and the budget have (a prefetch never makes the allocator evict). A
+  storage restored ahead may be evicted again: stats()["prefetches_unused"] counts those.
 - Parameters (leaves that require grad) are saved as they are: they are not activations.
 - When eviction happens: (a) whenever the resident bytes of evictable saved activations (those
   only autograd holds) exceed `max_resident` (checked at every pack and unpack and when the block
