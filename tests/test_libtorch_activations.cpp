@@ -144,39 +144,27 @@ TEST_CASE("an output modified in place after its segment is never recomputed fro
   CHECK(manager->stats().nested_recomputes == 0);
 }
 
-TEST_CASE("spilled activations come back identical, prefetched in backward order") {
-  enable_libtorch_hooks();
-  const result reference = train_step(nullptr, false);
-  // Each activation is 128 KiB (256 x 128 floats): the cap leaves room for one restored ahead.
-  auto options = evict_all(activation_mode::spill);
-  options.max_resident = std::size_t{128} << 10;
-  options.prefetch = 1;
-  auto manager = activation_manager::make(options);
-  const result got = train_step(manager, false);
-  check_identical(reference, got);
-  const activation_stats s = manager->stats();
-  CHECK(s.spills > 0);
-  CHECK(s.restores == s.spills);
-  CHECK(s.prefetches > 0);
-  CHECK(s.prefetches_unused == 0);  // every storage restored ahead was unpacked
-  CHECK(s.drops == 0);
-}
-
-TEST_CASE("a prefetch takes only the room max_resident leaves") {
-  // With a cap of 0 a storage restored ahead would be evicted again at once (a copy each way for
+TEST_CASE("spilled activations come back identical, prefetched in backward order into room") {
+  // Each activation is 128 KiB (256 x 128 floats). A cap of one leaves room to restore one ahead;
+  // with a cap of 0 a storage restored ahead would be evicted again at once (a copy each way for
   // nothing): none is, and each comes back when it is unpacked.
   enable_libtorch_hooks();
   const result reference = train_step(nullptr, false);
-  auto options = evict_all(activation_mode::spill);
-  options.prefetch = 4;
-  auto manager = activation_manager::make(options);
-  const result got = train_step(manager, false);
-  check_identical(reference, got);
-  const activation_stats s = manager->stats();
-  CHECK(s.spills > 0);
-  CHECK(s.restores == s.spills);
-  CHECK(s.prefetches == 0);
-  CHECK(s.prefetches_unused == 0);
+  for (const std::size_t cap : {std::size_t{128} << 10, std::size_t{0}}) {
+    CAPTURE(cap);
+    auto options = evict_all(activation_mode::spill);
+    options.max_resident = cap;
+    options.prefetch = cap > 0 ? 1 : 4;
+    auto manager = activation_manager::make(options);
+    const result got = train_step(manager, false);
+    check_identical(reference, got);
+    const activation_stats s = manager->stats();
+    CHECK(s.spills > 0);
+    CHECK(s.restores == s.spills);
+    CHECK((s.prefetches > 0) == (cap > 0));
+    CHECK(s.prefetches_unused == 0);  // every storage restored ahead was unpacked
+    CHECK(s.drops == 0);
+  }
 }
 
 TEST_CASE("a segment's input that only the segment holds is not prefetched") {
