@@ -270,7 +270,7 @@ if [[ -n ${SPILLWAY_GPU_CXX:-} ]]; then
   export CXX=$SPILLWAY_GPU_CXX
 elif ! shared_runtime "${CXX:-c++}" && [[ -x /usr/bin/g++ ]] && shared_runtime /usr/bin/g++; then
   summary "configure: ${CXX:-c++} has no shared libstdc++; building with /usr/bin/g++"
-  export CXX=/usr/bin/g++
+  export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++  # nvcc's host compiler too (it links CUDA-only programs)
   [[ -x /usr/bin/gcc ]] && export CC=/usr/bin/gcc
 fi
 generator=()
