@@ -267,7 +267,7 @@ sed -n '1,/^$/p' "$out/environment.log" | grep -E 'Driver|NVIDIA H' | head -n 2
 # A compiler whose libstdc++ is shared, like the one python and libtorch load (see SPILLWAY_GPU_CXX).
 shared_runtime() { [[ $("$1" -print-file-name=libstdc++.so 2> /dev/null) == /* ]]; }
 if [[ -n ${SPILLWAY_GPU_CXX:-} ]]; then
-  export CXX=$SPILLWAY_GPU_CXX
+  export CXX=$SPILLWAY_GPU_CXX CUDAHOSTCXX=$SPILLWAY_GPU_CXX
 elif ! shared_runtime "${CXX:-c++}" && [[ -x /usr/bin/g++ ]] && shared_runtime /usr/bin/g++; then
   summary "configure: ${CXX:-c++} has no shared libstdc++; building with /usr/bin/g++"
   export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++  # nvcc's host compiler too (it links CUDA-only programs)
