@@ -166,6 +166,8 @@ def case_budgets(tmp):
             print(json.dumps({{"peak": torch.cuda.memory_stats()["reserved_bytes.all.peak"],
                               "step_s": time.perf_counter() - t,
                               "spills": s.get("activations.spills"), "drops": s.get("activations.drops"),
+                              "prefetches": s.get("activations.prefetches"),
+                              "prefetches_unused": s.get("activations.prefetches_unused"),
                               "spill_bytes_per_s": link.get("spill_bytes_per_s"),
                               "restore_bytes_per_s": link.get("restore_bytes_per_s")}}))
         """)
