@@ -213,8 +213,9 @@ void activation_manager::prefetch_before(std::uint64_t seq) {
   }
   for (entry* e : next) {
     // A prefetch is only ahead of time: it takes room the budget has, and never makes the
-    // allocator evict (it would evict what backward reads next, and what it prefetched: the
-    // GPU check's transformer prefetched more than half of its restores for nothing at 50%).
+    // allocator evict (it would evict what backward reads next, and what it prefetched: on the
+    // simulated device, test_torch_budget_cpu's transformer at 50% had about half of its
+    // prefetches evicted unread, bench/results/gpu-2026-11-27-h200/cpu_prefetch/).
     // No room, or out of memory all the same, stops prefetching; the entry is copied back when
     // it is unpacked.
     if (!room_to_prefetch(*e)) return;

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <ranges>
 #include <stdexcept>
 
 #include "cuda_call.hpp"
@@ -48,14 +49,19 @@ vmm::vmm(int device) : device_(device) {
   if (load_driver_api()) query_granularity();
 }
 
-vmm::~vmm() {
-  page_list left;
-  {
-    std::lock_guard lock(mutex_);
-    left.assign(pages_.begin(), pages_.end());
-    pages_.clear();
+template <class Pages>
+void vmm::unmap_pages(const Pages& pages) const noexcept {
+  // Errors are ignored: this runs on release paths and at teardown, when the driver may be gone.
+  for (const auto& [page, handle] : pages) {
+    (void)api_.unmap(static_cast<CUdeviceptr>(page), granularity_);
+    (void)api_.release(handle);
   }
-  unmap_pages(left);
+}
+
+vmm::~vmm() {
+  std::lock_guard lock(mutex_);
+  unmap_pages(pages_);  // in place: a destructor must not allocate
+  pages_.clear();
 }
 
 bool vmm::load_driver_api() {
@@ -183,20 +189,10 @@ void vmm::unmap(void* addr, std::size_t bytes) noexcept {
   std::lock_guard lock(mutex_);
   const auto first = pages_.lower_bound(begin);
   const auto last = pages_.lower_bound(begin + bytes);
-  for (auto it = first; it != last; ++it) {  // errors ignored, as in unmap_pages
-    (void)api_.unmap(static_cast<CUdeviceptr>(it->first), granularity_);
-    (void)api_.release(it->second);
-  }
+  unmap_pages(std::ranges::subrange(first, last));
   pages_.erase(first, last);
 }
 
-void vmm::unmap_pages(const page_list& pages) const noexcept {
-  // Errors are ignored: this runs on release paths and at teardown, when the driver may be gone.
-  for (const auto& [page, handle] : pages) {
-    (void)api_.unmap(static_cast<CUdeviceptr>(page), granularity_);
-    (void)api_.release(handle);
-  }
-}
 
 void vmm::require_vmm(const char* call) const {
   if (granularity_ == 0)

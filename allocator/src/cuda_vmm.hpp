@@ -69,7 +69,9 @@ class vmm {
   void query_granularity();
   void require_vmm(const char* call) const;
   void check_aligned(const char* call, const void* addr, std::size_t bytes) const;
-  void unmap_pages(const page_list& pages) const noexcept;
+  // Unmaps and releases (page, handle) pairs: a page_list, or a range of pages_.
+  template <class Pages>
+  void unmap_pages(const Pages& pages) const noexcept;
   [[noreturn]] void throw_driver_error(CUresult res, const std::string& call) const;
 
   int device_;

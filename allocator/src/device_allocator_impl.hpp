@@ -121,6 +121,12 @@ struct device_allocator::impl {
   pressure_request make_request_locked(const detail::block_pool& pool, stream_ref stream,
                                        std::size_t rounded) const;
   std::size_t budget_shortfall_locked(std::size_t rounded) const noexcept;
+  // The least a reservation for `rounded` takes: a segment of the smallest size that serves it,
+  // or (expandable) the granules that hold it.
+  std::size_t least_reservation(std::size_t rounded) const noexcept {
+    return granularity == 0 ? size_classes::min_segment_size(rounded)
+                            : size_classes::round_up(rounded, granularity);
+  }
   std::size_t releasable_locked(const detail::segment& s) const noexcept;
   std::size_t releasable_bytes_locked() const noexcept;
   static constexpr std::size_t all_cached = ~std::size_t{0};

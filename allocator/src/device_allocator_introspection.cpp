@@ -244,16 +244,14 @@ bool device_allocator::fits_without_eviction(std::size_t bytes, stream_ref strea
   if (bytes == 0) return true;  // served without memory
   if (bytes - 1 >= size_classes::max_request_size) return false;  // allocate refuses it
   const std::size_t rounded = size_classes::round_size(bytes);
-  const impl& m = *impl_;
+  impl& m = *impl_;
   std::lock_guard lock(m.mutex);
-  if (impl_->pool_for(rounded).best_fit(stream, rounded) != nullptr) return true;
+  if (m.pool_for(rounded).best_fit(stream, rounded) != nullptr) return true;
   if (m.budget_shortfall_locked(rounded) > 0) return false;
   // Within the budget, the device must still have the memory (other processes, other
   // allocators): a reservation it refuses goes down the pressure path too.
-  const std::size_t need = m.granularity == 0 ? size_classes::min_segment_size(rounded)
-                                              : size_classes::round_up(rounded, m.granularity);
   try {
-    return m.backend->free_memory() >= need;
+    return m.backend->free_memory() >= m.least_reservation(rounded);
   } catch (const std::exception&) {
     return false;  // the device cannot say: not free room, as far as this hint goes
   }

@@ -249,9 +249,7 @@ pressure_request device_allocator::impl::make_request_locked(const block_pool& p
 // The bytes over the budget that new memory for the request would take: whole granules
 // (expandable), or its smallest segment.
 std::size_t device_allocator::impl::budget_shortfall_locked(std::size_t rounded) const noexcept {
-  const std::size_t need = reserved_locked() + (granularity == 0
-                                                    ? size_classes::min_segment_size(rounded)
-                                                    : size_classes::round_up(rounded, granularity));
+  const std::size_t need = reserved_locked() + least_reservation(rounded);
   return need > budget ? need - budget : 0;
 }
 
