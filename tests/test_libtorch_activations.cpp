@@ -167,6 +167,72 @@ TEST_CASE("spilled activations come back identical, prefetched in backward order
   }
 }
 
+TEST_CASE("a storage restored ahead and evicted again before its unpack is not copied out again") {
+  // Its host copy is kept until the unpack: the bytes are the same (nothing but the manager held
+  // the storage), so the eviction frees the memory and copies nothing. Each of the 8 storages is
+  // copied out once, however often the pressure takes back what was prefetched.
+  activation_options o;
+  o.mode = activation_mode::spill;
+  o.min_bytes = 0;
+  o.prefetch = 3;
+  auto manager = activation_manager::make(o);
+  constexpr std::int64_t n = 1 << 14;  // floats: 64 KiB storages
+  constexpr std::size_t bytes = n * sizeof(float);
+  std::vector<std::shared_ptr<activation_manager::saved>> handles;
+  for (int i = 0; i < 8; ++i) handles.push_back(manager->pack(at::full({n}, float(i))));
+  REQUIRE(manager->evict(std::size_t{1} << 30).first == 8 * bytes);
+  std::vector<at::Tensor> used;  // held, as autograd holds what a running node unpacked
+  for (int i = 7; i >= 0; --i) {
+    used.push_back(manager->unpack(*handles[i]));
+    CHECK(at::equal(used.back(), at::full({n}, float(i))));
+    // What that unpack prefetched is all there is to evict; each is evicted without a copy.
+    const std::size_t kept = manager->stats().kept_host_bytes;
+    CHECK(kept == std::min<std::size_t>(i, 3) * bytes);
+    CHECK(manager->evict(std::size_t{1} << 30).first == kept);
+  }
+  const activation_stats s = manager->stats();
+  CHECK(s.spills == 8);
+  CHECK(s.bytes_spilled == 8 * bytes);
+  CHECK(s.clean_evictions > 0);
+  CHECK(s.clean_evictions == s.prefetches_unused);
+  CHECK(s.restores == 8 + s.clean_evictions);
+  CHECK(s.kept_host_bytes == 0);  // every one was unpacked
+  CHECK(s.spilled_bytes == 0);
+}
+
+TEST_CASE("kept host copies count against max_spilled, and go first when a spill needs room") {
+  // a and b are spilled, then restored ahead by c's unpack: their host copies are kept, as much
+  // host memory as the cap allows. c (twice their size, so the first victim of policy largest)
+  // is spilled next: both kept copies go to make room, and the spill is made.
+  activation_options o;
+  o.mode = activation_mode::spill;
+  o.policy = activation_policy::largest;
+  o.min_bytes = 0;
+  o.prefetch = 2;
+  constexpr std::int64_t n = 1 << 14;
+  constexpr std::size_t bytes = n * sizeof(float);
+  o.max_spilled = 2 * bytes;
+  auto manager = activation_manager::make(o);
+  auto ha = manager->pack(at::full({n}, 1.0f));
+  auto hb = manager->pack(at::full({n}, 2.0f));
+  at::Tensor c = at::full({2 * n}, 3.0f);
+  auto hc = manager->pack(c);
+  REQUIRE(manager->evict(std::size_t{1} << 30).first == 2 * bytes);  // a and b: the program holds c
+  c = at::Tensor();
+  CHECK(at::equal(manager->unpack(*hc), at::full({2 * n}, 3.0f)));  // prefetches b and a
+  REQUIRE(manager->stats().spilled_bytes == 0);
+  REQUIRE(manager->stats().kept_host_bytes == 2 * bytes);
+  CHECK(manager->evict(2 * bytes).first == 2 * bytes);  // c
+  const activation_stats s = manager->stats();
+  CHECK(s.spill_fallbacks == 0);
+  CHECK(s.spills == 3);
+  CHECK(s.spilled_bytes == 2 * bytes);
+  CHECK(s.kept_host_bytes == 0);
+  CHECK(at::equal(manager->unpack(*ha), at::full({n}, 1.0f)));
+  CHECK(at::equal(manager->unpack(*hb), at::full({n}, 2.0f)));
+  CHECK(at::equal(manager->unpack(*hc), at::full({2 * n}, 3.0f)));
+}
+
 TEST_CASE("a segment's input that only the segment holds is not prefetched") {
   // exp saves its output, not its input: x is held by the segment alone, for a replay, which
   // spill mode never runs. Prefetching it in backward restored bytes nothing read (on CUDA they

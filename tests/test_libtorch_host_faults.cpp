@@ -14,7 +14,8 @@
 // - with every handle released, no entry is left.
 //
 // The operations, on CPU tensors: spilling every storage; dropping every storage of a segment;
-// copying a spilled storage back (with prefetch of the others); recomputing a dropped segment;
+// copying a spilled storage back (with prefetch of the others); evicting storages restored ahead
+// (their host copies kept: no copy out); recomputing a dropped segment;
 // recomputing a chain of two dropped segments (the second's input is the first's output);
 // registering a storage under max_resident 0 (the save evicts at once), in hybrid and drop mode;
 // running a segment (begin, a save, end with its output).
@@ -131,6 +132,7 @@ void check_intact(scenario& s, const std::string& run) {
     CHECK(st.registered == entries);
     CHECK(st.resident_bytes == entries * storage_bytes);
     CHECK(st.spilled_bytes == 0);
+    CHECK(st.kept_host_bytes == 0);  // a prefetch's host copy goes at the unpack
     CHECK(st.dropped_bytes == 0);
   };
   check_all();
@@ -217,6 +219,22 @@ TEST_CASE("copying a spilled storage back, prefetching the others") {
     REQUIRE(s->evict_all() == 3 * storage_bytes);
     s->operation = [](scenario& t) { at::Tensor got = t.manager->unpack(*t.handles[2]); };
     s->did = [](scenario& t) { return t.manager->stats().prefetches == 2; };
+    return s;
+  });
+}
+
+TEST_CASE("evicting storages restored ahead, whose host copies are kept") {
+  sweep_both([] {
+    auto s = std::make_unique<scenario>(options_for(activation_mode::spill));
+    for (float v : {1.0f, 2.0f, 3.0f}) s->save(value(v));
+    REQUIRE(s->evict_all() == 3 * storage_bytes);
+    { at::Tensor got = s->manager->unpack(*s->handles[2]); }  // restores 1 and 0 ahead
+    REQUIRE(s->manager->stats().kept_host_bytes == 2 * storage_bytes);
+    s->operation = [](scenario& t) { t.evict_all(); };
+    s->did = [](scenario& t) {
+      const activation_stats st = t.manager->stats();
+      return st.clean_evictions == 2 && st.spills == 4 && st.kept_host_bytes == 0;
+    };
     return s;
   });
 }

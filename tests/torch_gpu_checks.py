@@ -108,7 +108,8 @@ def case_identical(tmp):
         results[name] = {"passed": ok, "stderr": (e1 + e2)[-2000:] if not ok else ""}
     # Storages restored ahead and evicted again before their unpack, while their copy back may
     # still run: each Linear's backward hook evicts everything, so the prefetches of the unpack
-    # before are spilled again (the spill's copy must wait for the copy back).
+    # before are evicted again, to the host copies they kept (no copy out: clean_evictions), and
+    # their blocks' frees wait for the copies back still writing them (record_stream).
     ref, got = os.path.join(tmp, "mlp-ref.pt"), os.path.join(tmp, "mlp-evict-got.pt")
     rc, _, e = run(f"""
         import spillway; spillway.install()
@@ -120,7 +121,7 @@ def case_identical(tmp):
                 m.register_full_backward_hook(evict_all)
         loss = step(model, x, dict(mode="spill", prefetch=4, min_bytes=0))
         s = LAST["acts"].stats()
-        assert s["prefetches"] > 0 and s["prefetches_unused"] > 0, s
+        assert s["prefetches"] > 0 and s["prefetches_unused"] > 0 and s["clean_evictions"] > 0, s
         torch.save([loss.cpu()] + [p.grad.cpu() for p in model.parameters()], "{got}")
     """)
     ok = rc == 0 and all(torch_equal(a, b) for a, b in zip(load(ref), load(got)))
@@ -168,6 +169,7 @@ def case_budgets(tmp):
                               "spills": s.get("activations.spills"), "drops": s.get("activations.drops"),
                               "prefetches": s.get("activations.prefetches"),
                               "prefetches_unused": s.get("activations.prefetches_unused"),
+                              "clean_evictions": s.get("activations.clean_evictions"),
                               "spill_bytes_per_s": link.get("spill_bytes_per_s"),
                               "restore_bytes_per_s": link.get("restore_bytes_per_s")}}))
         """)

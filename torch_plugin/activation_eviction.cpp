@@ -67,7 +67,10 @@ bool activation_manager::droppable(const entry& e) const {
 }
 
 std::pair<double, bool> activation_manager::restore_cost(entry& e) {
-  const double transfer = link_.spill_seconds(e.nbytes, e.device.is_cuda() ? e.device.index() : -1);
+  const int device = e.device.is_cuda() ? e.device.index() : -1;
+  // A storage whose host copy is kept costs only its copy back (a clean eviction, evict_one).
+  const double transfer = detail::kept_copy_current(e) ? link_.restore_seconds(e.nbytes, device)
+                                                       : link_.spill_seconds(e.nbytes, device);
   if (!droppable(e) || options_.mode == activation_mode::spill) return {transfer, false};
   // Its segment's replay, and those of the dropped segments before it that it needs (a few back:
   // enough to tell a drop that starts a chain of replays from one that does not).
@@ -231,6 +234,8 @@ std::pair<std::size_t, std::size_t> activation_manager::evict_for(const pressure
 }
 
 std::size_t activation_manager::evict_one(entry& e) {
+  const bool clean = detail::kept_copy_current(e);
+  if (!clean) let_go_of_host(e);  // written since its restore: the copy kept is stale
   bool drop = restore_cost(e).second;
   // Pinned while its spill allocates: a host allocator served by a budgeted spillway pool may run
   // the pressure handler on this thread, which must not pick this entry too.
@@ -240,7 +245,7 @@ std::size_t activation_manager::evict_one(entry& e) {
     ~spilling() { --e.pins; }
   } pin{e};
   at::Tensor host;
-  if (!drop) {
+  if (!drop && !clean) {
     host = spill_buffer(e);
     if (!host.defined()) {  // no host memory for it (max_spilled, or none left): never lose it
       ++counters_.spill_fallbacks;
@@ -249,10 +254,21 @@ std::size_t activation_manager::evict_one(entry& e) {
     }
   }
   if (drop) {
+    let_go_of_host(e);
     e.copy.reset();  // a copy back still in flight: the block's free waits for it (copy_in)
     e.state = entry_state::dropped;
     ++counters_.drops;
     counters_.bytes_dropped += e.nbytes;
+  } else if (clean) {
+    // Restored ahead and not read since: the host copy kept is its bytes. No copy out; the block's
+    // free waits for the copy back still writing it, if any (copy_in: record_stream), and the
+    // next copy back reads the same host copy.
+    spilled_.try_emplace(e.seq, &e);  // may throw: before anything changed
+    kept_host_bytes_ -= e.nbytes;
+    e.host_version.reset();
+    e.state = entry_state::spilled;
+    spilled_bytes_ += e.nbytes;
+    ++counters_.clean_evictions;
   } else {
     // What may throw (host memory for the map's node and the copy) comes first: if it does, the
     // entry is resident as it was (Note [Host out of memory]).

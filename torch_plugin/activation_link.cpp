@@ -66,7 +66,11 @@ std::size_t link_meter::occupied_bytes(int device) const noexcept {
 double link_meter::spill_seconds(std::size_t bytes, int device) const noexcept {
   const double out = static_cast<double>(occupied_bytes(device) + bytes) /
                      bytes_per_s(device, link_direction::to_host);
-  return out + static_cast<double>(bytes) / bytes_per_s(device, link_direction::to_device);
+  return out + restore_seconds(bytes, device);
+}
+
+double link_meter::restore_seconds(std::size_t bytes, int device) const noexcept {
+  return static_cast<double>(bytes) / bytes_per_s(device, link_direction::to_device);
 }
 
 }  // namespace spillway::torch_plugin

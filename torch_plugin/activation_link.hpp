@@ -20,7 +20,8 @@
 //   (set_occupied, by scan_copies), plus those queued since (copy_queued): a spill made now waits
 //   behind them. Other managers' copies on the same stream are not counted.
 //   spill_seconds(bytes, device) = (occupied + bytes) / to-host + bytes / to-device: the spill's
-//   wait and copy out, then the copy back. reserve_device(device) before copy_queued or
+//   wait and copy out, then the copy back; restore_seconds(bytes, device) = bytes / to-device:
+//   the copy back alone (a storage whose host copy is kept). reserve_device(device) before copy_queued or
 //   set_occupied, which never allocate or throw. Not thread-safe: the manager's lock guards it.
 // - scan_copies(copies, meter): a manager's timed CUDA copies (activation_spill.cpp), over any
 //   event type with query() and elapsedTime(end) in milliseconds, so that it is tested without a
@@ -85,6 +86,7 @@ class link_meter {
   std::size_t devices() const noexcept { return occupied_.size(); }  // those reserved
 
   double spill_seconds(std::size_t bytes, int device) const noexcept;
+  double restore_seconds(std::size_t bytes, int device) const noexcept;
 
  private:
   double configured_;

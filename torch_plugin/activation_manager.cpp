@@ -46,6 +46,7 @@ void add_counters(activation_stats& into, const activation_stats& s) {
   into.bytes_restored += s.bytes_restored;
   into.prefetches += s.prefetches;
   into.prefetches_unused += s.prefetches_unused;
+  into.clean_evictions += s.clean_evictions;
   into.pressure_calls += s.pressure_calls;
   into.evict_ns += s.evict_ns;
 }
@@ -87,11 +88,13 @@ std::vector<std::pair<std::string, std::uint64_t>> activation_stats::fields() co
       {"bytes_restored", bytes_restored},
       {"prefetches", prefetches},
       {"prefetches_unused", prefetches_unused},
+      {"clean_evictions", clean_evictions},
       {"pressure_calls", pressure_calls},
       {"evict_ns", evict_ns},
       {"registered", registered},
       {"resident_bytes", resident_bytes},
       {"spilled_bytes", spilled_bytes},
+      {"kept_host_bytes", kept_host_bytes},
       {"dropped_bytes", dropped_bytes}};
   if (has_link) {
     out.emplace_back("spill_bytes_per_s", spill_bytes_per_s);
@@ -173,7 +176,10 @@ void activation_manager::forget(entry& e) {
     return;
   }
   if (e.prefetched) ++counters_.prefetches_unused;
-  if (e.state == entry_state::resident) left_resident(e);
+  if (e.state == entry_state::resident) {
+    let_go_of_host(e);
+    left_resident(e);
+  }
   if (e.state == entry_state::spilled) {
     spilled_.erase(e.seq);
     spilled_bytes_ -= e.nbytes;
@@ -303,6 +309,7 @@ at::Tensor activation_manager::unpack(const saved& handle) {
   std::lock_guard lock(mutex_);
   entry& e = *handle.entry_;
   make_resident(e);
+  let_go_of_host(e);  // read now: a prefetch's kept copy is no longer worth its host memory
   e.last_use = now_seconds();
   // A fresh alias: while autograd uses it the storage's use count exceeds the manager's aliases,
   // so the storage cannot be evicted under the running backward node. Taken before the prefetch:
@@ -354,6 +361,7 @@ activation_stats activation_manager::stats() const {
   s.registered = entries_.size();
   s.resident_bytes = resident_bytes_;
   s.spilled_bytes = spilled_bytes_;
+  s.kept_host_bytes = kept_host_bytes_;
   s.has_link = true;
   s.spill_bytes_per_s = saturated(link_.bytes_per_s(link_device_, link_direction::to_host));
   s.restore_bytes_per_s = saturated(link_.bytes_per_s(link_device_, link_direction::to_device));
@@ -392,6 +400,7 @@ activation_stats activation_manager::totals() {
     out.registered += s.registered;
     out.resident_bytes += s.resident_bytes;
     out.spilled_bytes += s.spilled_bytes;
+    out.kept_host_bytes += s.kept_host_bytes;
     out.dropped_bytes += s.dropped_bytes;
   }
   return out;

@@ -60,8 +60,11 @@
 // - After each unpack the next `prefetch` spilled storages that autograd will unpack, in backward
 //   order (reverse pack order), start copying back, so that copies overlap compute; a storage
 //   held only as a segment's input is restored by the replay that reads it. A storage restored
-//   ahead may be evicted again (a spill waits for its copy back); one evicted or let go before
-//   its unpack counts in stats' prefetches_unused. The unpacked storage is already held by
+//   ahead keeps its host copy until its unpack, so that evicting it again before then copies
+//   nothing (its bytes are still the host copy's: nothing but the manager holds it; stats:
+//   clean_evictions; the kept copies count against max_spilled and are let go first when a
+//   spill needs the room). One evicted or let go before its unpack counts in stats'
+//   prefetches_unused. The unpacked storage is already held by
 //   the returned alias then, so a prefetch's allocation under pressure cannot evict it; a
 //   prefetch out of memory stops prefetching (the entry is restored when it is unpacked).
 // - Pressure: whenever the resident bytes of evictable saved storages (those only the manager
@@ -139,9 +142,11 @@ struct activation_stats {
                 spill_fallbacks = 0,  // spills not made for want of host memory (see evict)
                 bytes_spilled = 0, bytes_dropped = 0, bytes_restored = 0, prefetches = 0,
                 prefetches_unused = 0,  // restored ahead, then evicted or let go unread
+                clean_evictions = 0,  // evicted to the host copy kept since a prefetch: no copy
                 pressure_calls = 0,
                 evict_ns = 0;  // host time in evict and the pressure handler: choice and eviction
   std::uint64_t registered = 0, resident_bytes = 0, spilled_bytes = 0, dropped_bytes = 0;
+  std::uint64_t kept_host_bytes = 0;  // host copies kept by storages restored ahead
   // The bandwidth the manager weighs spills by, each way, on the link of its last copy
   // (activation_link.hpp): a manager's, listed by fields() only then (has_link), not in totals().
   std::uint64_t spill_bytes_per_s = 0, restore_bytes_per_s = 0;
@@ -259,7 +264,11 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   std::size_t evict_one(entry& e);
   at::Tensor spill_buffer(const entry& e);  // undefined: no host memory for it
   void copy_out(entry& e, at::Tensor host);
-  void copy_in(entry& e);
+  // keep_host: the host copy stays the entry's (a prefetch's; see let_go_of_host).
+  void copy_in(entry& e, bool keep_host = false);
+  // A resident entry's kept host copy goes (at its unpack, drop or end, or for a spill's room).
+  void let_go_of_host(entry& e) noexcept;
+  bool room_for_spill(std::size_t nbytes);  // within max_spilled, letting kept copies go
   void note_copies() noexcept;  // scan_copies over timed_copies_ (activation_link.hpp)
   void copy_on_host(const at::Tensor& to, const at::Tensor& from, link_direction d);
   void room_for_copy(c10::DeviceIndex device);  // may throw std::bad_alloc
@@ -300,6 +309,9 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   std::vector<entry*> resident_;
   std::size_t resident_bytes_ = 0;  // theirs
   std::size_t spilled_bytes_ = 0;  // held by spilled copies in host memory
+  // Host copies kept by storages restored ahead, until their unpack (prefetch_before): with
+  // spilled_bytes_, what max_spilled caps.
+  std::size_t kept_host_bytes_ = 0;
   link_meter link_;
   int link_device_ = -1;  // of its last copy, else of its first CUDA entry: the link stats() reports
   bool link_copied_ = false;  // it has made a copy

@@ -93,7 +93,11 @@ struct activation_manager::entry {
   std::size_t aliases = 0;
   std::size_t unpackable = 0;  // of the aliases, autograd's saves (pack): what unpack will read
   entry_state state = entry_state::resident;
-  at::Tensor host;                       // spilled bytes
+  // Spilled bytes; and, for a resident entry restored ahead (prefetched), the same bytes kept
+  // until its unpack: nothing but the manager's aliases holds an evictable storage, so nothing
+  // writes it, and evicting it again needs no copy out (evict_one).
+  at::Tensor host;
+  std::optional<std::uint32_t> host_version;  // a kept copy's: the storage's version at its restore
   // CUDA: the copy the next user waits for. A resident entry's is its copy back, which a spill
   // waits for on the copy stream (copy_out); it does not keep the entry from being evicted.
   std::optional<c10::Event> copy;
@@ -118,6 +122,15 @@ struct activation_manager::entry {
   std::size_t resident_at = 0;           // its index in resident_, while resident
   bool orphaned = false;                 // its last handle went while it had users
 };
+
+namespace detail {
+// A resident entry's kept host copy (a prefetch's) is still its bytes: the version counter says
+// nothing wrote the storage since its restore.
+inline bool kept_copy_current(const activation_manager::entry& e) {
+  return e.state == entry_state::resident && e.host.defined() && e.host_version.has_value() &&
+         version_of(e.version) == e.host_version;
+}
+}  // namespace detail
 
 
 }  // namespace spillway::torch_plugin

@@ -103,8 +103,27 @@ void activation_manager::list_copy(timed_copy copy) noexcept {
   used_link(device);
 }
 
+bool activation_manager::room_for_spill(std::size_t nbytes) {
+  if (!options_.max_spilled) return true;
+  const std::size_t cap = *options_.max_spilled;
+  // The kept copies are only worth a copy out each: they go first, any of them.
+  for (std::size_t i = 0; i < resident_.size() && kept_host_bytes_ > 0 &&
+                          spilled_bytes_ + kept_host_bytes_ + nbytes > cap;
+       ++i) {
+    let_go_of_host(*resident_[i]);
+  }
+  return spilled_bytes_ + kept_host_bytes_ + nbytes <= cap;
+}
+
+void activation_manager::let_go_of_host(entry& e) noexcept {
+  if (e.state != entry_state::resident || !e.host.defined()) return;
+  e.host.reset();  // on CUDA a copy back still reading it holds the pinned block (its event)
+  e.host_version.reset();
+  kept_host_bytes_ -= e.nbytes;
+}
+
 at::Tensor activation_manager::spill_buffer(const entry& e) {
-  if (options_.max_spilled && spilled_bytes_ + e.nbytes > *options_.max_spilled) return {};
+  if (!room_for_spill(e.nbytes)) return {};
   try {
     return host_bytes(e.nbytes, e.device.is_cuda(), options_.host_allocator);
   } catch (const std::exception&) {  // host memory (pinned, for CUDA) is exhausted
@@ -141,7 +160,7 @@ void activation_manager::copy_out(entry& e, at::Tensor host) {
 }
 
 
-void activation_manager::copy_in(entry& e) {
+void activation_manager::copy_in(entry& e, bool keep_host) {
   e.storage.set_data_ptr_noswap(e.storage.allocator()->allocate(e.nbytes));
   e.storage.set_nbytes(e.nbytes);
   std::optional<c10::cuda::CUDAStream> queued;  // the stream of a copy queued into the block
@@ -178,7 +197,13 @@ void activation_manager::copy_in(entry& e) {
     e.storage.set_nbytes(0);
     throw;
   }
-  e.host.reset();
+  // Kept only while a change to the bytes would show (the version counter is enabled).
+  e.host_version = keep_host ? detail::version_of(e.version) : std::nullopt;
+  if (e.host_version) {
+    kept_host_bytes_ += e.nbytes;
+  } else {
+    e.host.reset();
+  }
   e.state = entry_state::resident;
   e.last_use = now_seconds();  // a restore is a use: a prefetched entry is not the next victim
   spilled_.erase(e.seq);
@@ -220,7 +245,7 @@ void activation_manager::prefetch_before(std::uint64_t seq) {
     // it is unpacked.
     if (!room_to_prefetch(*e)) return;
     try {
-      copy_in(*e);
+      copy_in(*e, /*keep_host=*/true);
       e->prefetched = true;
     } catch (const c10::OutOfMemoryError&) {  // spillway's c10 allocators throw this one
       return;

@@ -39,7 +39,10 @@ Contract
 - After each unpack, the next `prefetch` spilled storages that autograd will unpack, in backward
   order (reverse pack order), start copying back, so that copies overlap compute; each only into
   room that max_resident and the budget have (a prefetch never makes the allocator evict). A
-  storage restored ahead may be evicted again: stats()["prefetches_unused"] counts those.
+  storage restored ahead may be evicted again: stats()["prefetches_unused"] counts those. It
+  keeps its host copy until it is unpacked, so evicting it again copies nothing
+  (stats()["clean_evictions"]; the kept copies, stats()["kept_host_bytes"], count against
+  max_spilled and go first when a spill needs their room).
 - Parameters (leaves that require grad) are saved as they are: they are not activations.
 - When eviction happens: (a) whenever the resident bytes of evictable saved activations (those
   only autograd holds) exceed `max_resident` (checked at every pack and unpack and when the block

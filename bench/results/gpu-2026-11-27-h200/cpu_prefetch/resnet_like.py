@@ -39,7 +39,10 @@ for ratio in (0.7, 0.5, 0.4):
         spillway.set_budget(None); spillway.empty_cache(); spillway.set_budget(int(peak * ratio))
         try:
             st = step(mode)
-            print(ratio, mode, "ok", {k: st[k] for k in ("spills", "drops", "restores", "prefetches", "prefetches_unused")})
+            keys = ("spills", "drops", "restores", "prefetches", "prefetches_unused")
+            if "clean_evictions" in st:  # since 2026-11-27's clean evictions
+                keys += ("clean_evictions", "bytes_spilled", "bytes_restored")
+            print(ratio, mode, "ok", {k: st[k] for k in keys})
         except torch.OutOfMemoryError as e:
             import traceback; print(ratio, mode, "OOM", "backward" if "backward" in traceback.format_exc() else "forward", str(e)[100:260])
         spillway.set_budget(None)
