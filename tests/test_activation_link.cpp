@@ -91,6 +91,9 @@ TEST_CASE("copies occupying a device's copy engine delay a spill there, not else
   CHECK(m.spill_seconds(1'000'000, 1) == doctest::Approx(4e-3));
   CHECK(m.spill_seconds(1'000'000, 0) == doctest::Approx(2e-3));
   CHECK(m.spill_seconds(1'000'000, -1) == doctest::Approx(2e-3));  // a CPU storage
+  // A storage whose host copy is kept costs its copy back only, however busy the engine out is.
+  CHECK(m.restore_seconds(1'000'000, 1) == doctest::Approx(1e-3));
+  CHECK(m.restore_seconds(1'000'000, 0) == doctest::Approx(1e-3));
   m.set_occupied(1, 0);  // a later count: all complete
   CHECK(m.occupied_bytes(1) == 0);
 }

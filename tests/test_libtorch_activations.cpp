@@ -200,37 +200,139 @@ TEST_CASE("a storage restored ahead and evicted again before its unpack is not c
   CHECK(s.spilled_bytes == 0);
 }
 
+// a and b (n floats each) spilled, then restored ahead by the unpack of c (c_floats, held by the
+// program while a and b were evicted): a and b keep their host copies. Policy largest makes c
+// the next victim.
+struct kept_copies {
+  static constexpr std::int64_t n = 1 << 14;
+  static constexpr std::size_t bytes = n * sizeof(float);
+  std::shared_ptr<activation_manager> manager;
+  std::shared_ptr<activation_manager::saved> ha, hb, hc;
+  std::int64_t c_floats;
+
+  kept_copies(activation_options o, std::int64_t c) : c_floats(c) {
+    o.mode = activation_mode::spill;
+    o.policy = activation_policy::largest;
+    o.min_bytes = 0;
+    o.prefetch = 2;
+    manager = activation_manager::make(o);
+    ha = manager->pack(at::full({n}, 1.0f));
+    hb = manager->pack(at::full({n}, 2.0f));
+    at::Tensor held = at::full({c}, 3.0f);
+    hc = manager->pack(held);
+    REQUIRE(manager->evict(std::size_t{1} << 30).first == 2 * bytes);  // a and b: c is held
+    held = at::Tensor();
+    CHECK(at::equal(manager->unpack(*hc), at::full({c}, 3.0f)));  // prefetches b and a
+    REQUIRE(manager->stats().spilled_bytes == 0);
+    REQUIRE(manager->stats().kept_host_bytes == 2 * bytes);
+  }
+  void check_bytes() {
+    CHECK(at::equal(manager->unpack(*ha), at::full({n}, 1.0f)));
+    CHECK(at::equal(manager->unpack(*hb), at::full({n}, 2.0f)));
+    CHECK(at::equal(manager->unpack(*hc), at::full({c_floats}, 3.0f)));
+  }
+};
+
 TEST_CASE("kept host copies count against max_spilled, and go first when a spill needs room") {
-  // a and b are spilled, then restored ahead by c's unpack: their host copies are kept, as much
-  // host memory as the cap allows. c (twice their size, so the first victim of policy largest)
-  // is spilled next: both kept copies go to make room, and the spill is made.
+  // c's spill needs room under the cap: kept copies go, those unpacked soonest (packed last)
+  // first, only as many as it needs; none when even all of them would not make room (then a and
+  // b are evicted to the copies they kept, with no copy out).
+  constexpr std::size_t bytes = kept_copies::bytes;
+  struct cell {
+    std::int64_t c_storages;  // c's size, in a's
+    std::size_t cap;          // max_spilled, in a's
+    std::size_t freed, kept, spilled;  // in a's, after evicting c's size
+    std::uint64_t spills, clean, fallbacks;
+  };
+  for (const cell& k : {cell{3, 4, 3, 1, 3, 3, 0, 0}, cell{4, 4, 4, 0, 4, 3, 0, 0},
+                        cell{4, 3, 2, 0, 2, 2, 2, 1}}) {
+    CAPTURE(k.c_storages);
+    CAPTURE(k.cap);
+    activation_options o;
+    o.max_spilled = k.cap * bytes;
+    kept_copies t(o, k.c_storages * kept_copies::n);
+    CHECK(t.manager->evict(static_cast<std::size_t>(k.c_storages) * bytes).first == k.freed * bytes);
+    activation_stats s = t.manager->stats();
+    CHECK(s.kept_host_bytes == k.kept * bytes);
+    CHECK(s.spilled_bytes == k.spilled * bytes);
+    CHECK(s.spills == k.spills);
+    CHECK(s.clean_evictions == k.clean);
+    CHECK(s.spill_fallbacks == k.fallbacks);
+    CHECK(s.spilled_bytes + s.kept_host_bytes <= k.cap * bytes);
+    if (k.kept == 1) {  // b's copy went (b is unpacked before a): a is evicted clean; b has no room
+      CHECK(t.manager->evict(2 * bytes).first == bytes);
+      s = t.manager->stats();
+      CHECK(s.clean_evictions == 1);
+      CHECK(s.spill_fallbacks == 1);
+      // b stayed resident and a was the clean one: b's unpack restores nothing but a, ahead.
+      CHECK(at::equal(t.manager->unpack(*t.hb), at::full({kept_copies::n}, 2.0f)));
+      CHECK(t.manager->stats().restores == s.restores + 1);
+      CHECK(t.manager->stats().prefetches == s.prefetches + 1);
+    }
+    t.check_bytes();
+  }
+}
+
+TEST_CASE("a storage whose version changed since its restore is copied out again, not evicted clean") {
+  // v shares a's version counter (detach) but not its storage (set_): an in-place change to v
+  // bumps the version a's kept copy was taken at. The copy is no longer trusted: a's eviction
+  // copies its bytes out again.
   activation_options o;
   o.mode = activation_mode::spill;
-  o.policy = activation_policy::largest;
   o.min_bytes = 0;
-  o.prefetch = 2;
-  constexpr std::int64_t n = 1 << 14;
-  constexpr std::size_t bytes = n * sizeof(float);
-  o.max_spilled = 2 * bytes;
+  o.prefetch = 1;
   auto manager = activation_manager::make(o);
-  auto ha = manager->pack(at::full({n}, 1.0f));
-  auto hb = manager->pack(at::full({n}, 2.0f));
-  at::Tensor c = at::full({2 * n}, 3.0f);
+  constexpr std::int64_t n = 1 << 14;
+  at::Tensor a = at::full({n}, 5.0f);
+  at::Tensor v = a.detach();
+  v.set_(at::zeros({n}));
+  auto ha = manager->pack(a);
+  at::Tensor c = at::full({n}, 6.0f);
   auto hc = manager->pack(c);
-  REQUIRE(manager->evict(std::size_t{1} << 30).first == 2 * bytes);  // a and b: the program holds c
+  a = at::Tensor();
+  REQUIRE(manager->evict(std::size_t{1} << 30).first == n * sizeof(float));  // a: c is held
   c = at::Tensor();
-  CHECK(at::equal(manager->unpack(*hc), at::full({2 * n}, 3.0f)));  // prefetches b and a
-  REQUIRE(manager->stats().spilled_bytes == 0);
-  REQUIRE(manager->stats().kept_host_bytes == 2 * bytes);
-  CHECK(manager->evict(2 * bytes).first == 2 * bytes);  // c
+  CHECK(at::equal(manager->unpack(*hc), at::full({n}, 6.0f)));  // prefetches a, keeping its copy
+  REQUIRE(manager->stats().kept_host_bytes == n * sizeof(float));
+  v.add_(1);
+  CHECK(manager->evict(std::size_t{1} << 30).first == 2 * n * sizeof(float));  // a and c
   const activation_stats s = manager->stats();
+  CHECK(s.clean_evictions == 0);
+  CHECK(s.spills == 3);  // a twice, c once
+  CHECK(s.kept_host_bytes == 0);
+  CHECK(at::equal(manager->unpack(*ha), at::full({n}, 5.0f)));
+}
+
+TEST_CASE("a spill whose host allocation fails lets the kept host copies go and tries again") {
+  // No cap: the host allocator itself fails once, as pinned memory runs out. The kept copies
+  // (which a prefetch would otherwise have freed) go, and the spill is made.
+  struct failing_once final : c10::Allocator {
+    int fail = 0;
+    c10::DataPtr allocate(std::size_t n) override {
+      if (fail > 0) {
+        --fail;
+        throw std::bad_alloc();
+      }
+      return c10::GetDefaultCPUAllocator()->allocate(n);
+    }
+    c10::DeleterFnPtr raw_deleter() const override {
+      return c10::GetDefaultCPUAllocator()->raw_deleter();
+    }
+    void copy_data(void* dest, const void* src, std::size_t count) const override {
+      std::memcpy(dest, src, count);
+    }
+  } host;
+  activation_options o;
+  o.host_allocator = &host;
+  kept_copies t(o, 4 * kept_copies::n);
+  host.fail = 1;
+  CHECK(t.manager->evict(4 * kept_copies::bytes).first == 4 * kept_copies::bytes);
+  const activation_stats s = t.manager->stats();
+  CHECK(host.fail == 0);
   CHECK(s.spill_fallbacks == 0);
   CHECK(s.spills == 3);
-  CHECK(s.spilled_bytes == 2 * bytes);
   CHECK(s.kept_host_bytes == 0);
-  CHECK(at::equal(manager->unpack(*ha), at::full({n}, 1.0f)));
-  CHECK(at::equal(manager->unpack(*hb), at::full({n}, 2.0f)));
-  CHECK(at::equal(manager->unpack(*hc), at::full({2 * n}, 3.0f)));
+  t.check_bytes();
 }
 
 TEST_CASE("a segment's input that only the segment holds is not prefetched") {

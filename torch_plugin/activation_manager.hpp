@@ -60,11 +60,13 @@
 // - After each unpack the next `prefetch` spilled storages that autograd will unpack, in backward
 //   order (reverse pack order), start copying back, so that copies overlap compute; a storage
 //   held only as a segment's input is restored by the replay that reads it. A storage restored
-//   ahead keeps its host copy until its unpack, so that evicting it again before then copies
-//   nothing (its bytes are still the host copy's: nothing but the manager holds it; stats:
-//   clean_evictions; the kept copies count against max_spilled and are let go first when a
-//   spill needs the room). One evicted or let go before its unpack counts in stats'
-//   prefetches_unused. The unpacked storage is already held by
+//   ahead keeps its host copy (if its tensor has a version counter), so that evicting it again
+//   before its unpack copies nothing: its bytes are still the host copy's, as nothing but the
+//   manager holds it and its version is unchanged (stats: clean_evictions, kept_host_bytes). The
+//   copy goes at its unpack, when it is dropped or forgotten, when its version has changed, and
+//   for a spill's host memory: the kept copies count against max_spilled, and those unpacked
+//   soonest go first when a spill needs their room or its host allocation fails. One evicted or
+//   let go before its unpack counts in stats' prefetches_unused. The unpacked storage is already held by
 //   the returned alias then, so a prefetch's allocation under pressure cannot evict it; a
 //   prefetch out of memory stops prefetching (the entry is restored when it is unpacked).
 // - Pressure: whenever the resident bytes of evictable saved storages (those only the manager
@@ -74,7 +76,8 @@
 //   whose free makes a free range that fits the request or gives back the budget's shortfall,
 //   then those that grow the largest range: not merely enough bytes; a manager busy on another
 //   thread answers "nothing" instead of waiting, which could deadlock).
-// - Host memory: a spill that would take spilled copies over max_spilled bytes, or whose host
+// - Host memory: a spill that would take spilled and kept copies over max_spilled bytes (after
+//   letting kept copies go), or whose host
 //   buffer cannot be allocated (pinned memory exhausted), is not made, and nothing is lost: the
 //   storage is dropped instead when its segment can recompute it (modes hybrid and drop), else it
 //   stays resident and the next victim is tried (stats: spill_fallbacks). A call that runs out
@@ -128,7 +131,7 @@ struct activation_options {
   // default_link_bandwidth until the first.
   std::optional<double> link_bandwidth;
   static constexpr double default_link_bandwidth = 25e9;
-  std::optional<std::size_t> max_spilled;   // host bytes spilled copies may hold; none: no cap
+  std::optional<std::size_t> max_spilled;   // host bytes spilled and kept copies may hold; none: no cap
   // Where spilled copies of CPU storages go; nullptr: torch's default CPU allocator (never the
   // one installed, see copy_out). CUDA storages always spill to pinned memory.
   c10::Allocator* host_allocator = nullptr;
@@ -268,6 +271,7 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   void copy_in(entry& e, bool keep_host = false);
   // A resident entry's kept host copy goes (at its unpack, drop or end, or for a spill's room).
   void let_go_of_host(entry& e) noexcept;
+  void let_go_of_kept(std::size_t bytes) noexcept;  // kept copies of at least `bytes`, or all
   bool room_for_spill(std::size_t nbytes);  // within max_spilled, letting kept copies go
   void note_copies() noexcept;  // scan_copies over timed_copies_ (activation_link.hpp)
   void copy_on_host(const at::Tensor& to, const at::Tensor& from, link_direction d);

@@ -99,7 +99,9 @@ struct activation_manager::entry {
   at::Tensor host;
   std::optional<std::uint32_t> host_version;  // a kept copy's: the storage's version at its restore
   // CUDA: the copy the next user waits for. A resident entry's is its copy back, which a spill
-  // waits for on the copy stream (copy_out); it does not keep the entry from being evicted.
+  // waits for on the copy stream (copy_out); it does not keep the entry from being evicted. A
+  // spilled entry's is its spill's copy out, or, evicted clean, the copy back before (which came
+  // after that spill's copy out).
   std::optional<c10::Event> copy;
   bool prefetched = false;  // restored ahead of its unpack, not unpacked since
   // The allocator its memory came from when it was last evicted (the pressure source's; nullptr:

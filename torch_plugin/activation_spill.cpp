@@ -106,13 +106,27 @@ void activation_manager::list_copy(timed_copy copy) noexcept {
 bool activation_manager::room_for_spill(std::size_t nbytes) {
   if (!options_.max_spilled) return true;
   const std::size_t cap = *options_.max_spilled;
-  // The kept copies are only worth a copy out each: they go first, any of them.
-  for (std::size_t i = 0; i < resident_.size() && kept_host_bytes_ > 0 &&
-                          spilled_bytes_ + kept_host_bytes_ + nbytes > cap;
-       ++i) {
-    let_go_of_host(*resident_[i]);
+  if (spilled_bytes_ + nbytes > cap) return false;  // not even without the kept copies: keep them
+  if (const std::size_t total = spilled_bytes_ + kept_host_bytes_ + nbytes; total > cap) {
+    let_go_of_kept(total - cap);
   }
-  return spilled_bytes_ + kept_host_bytes_ + nbytes <= cap;
+  return true;
+}
+
+// A kept copy is worth one copy out, if its storage is evicted again before its unpack. Backward
+// unpacks in reverse pack order, so the storages packed last are unpacked soonest, the least
+// likely to be evicted first: theirs go first. A scan per copy let go; it runs only when host
+// memory is short.
+void activation_manager::let_go_of_kept(std::size_t bytes) noexcept {
+  for (std::size_t gone = 0; gone < bytes && kept_host_bytes_ > 0;) {
+    entry* soonest = nullptr;
+    for (entry* e : resident_) {
+      if (e->host.defined() && (soonest == nullptr || e->seq > soonest->seq)) soonest = e;
+    }
+    if (soonest == nullptr) return;  // (kept_host_bytes_ counts only these)
+    gone += soonest->nbytes;
+    let_go_of_host(*soonest);
+  }
 }
 
 void activation_manager::let_go_of_host(entry& e) noexcept {
@@ -124,11 +138,17 @@ void activation_manager::let_go_of_host(entry& e) noexcept {
 
 at::Tensor activation_manager::spill_buffer(const entry& e) {
   if (!room_for_spill(e.nbytes)) return {};
-  try {
-    return host_bytes(e.nbytes, e.device.is_cuda(), options_.host_allocator);
-  } catch (const std::exception&) {  // host memory (pinned, for CUDA) is exhausted
-    return {};
+  // Host memory (pinned, for CUDA) exhausted: once more without the kept copies, which a
+  // prefetch would otherwise have freed.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      return host_bytes(e.nbytes, e.device.is_cuda(), options_.host_allocator);
+    } catch (const std::exception&) {
+      if (kept_host_bytes_ == 0) break;
+      let_go_of_kept(kept_host_bytes_);
+    }
   }
+  return {};
 }
 
 void activation_manager::copy_out(entry& e, at::Tensor host) {
@@ -170,7 +190,9 @@ void activation_manager::copy_in(entry& e, bool keep_host) {
       note_copies();
       room_for_copy(e.device.index());
       auto h2d = copy_streams(e.device.index()).second;
-      if (e.copy) h2d.unwrap().wait(*e.copy);  // the spill's copy has completed
+      // The spill's copy has completed (after a clean eviction: the copy back before it, which
+      // came after that spill's).
+      if (e.copy) h2d.unwrap().wait(*e.copy);
       wait_for(h2d, c10::cuda::getCurrentCUDAStream(e.device.index()));  // the new block is ready
       c10::Event start = timing_event(h2d);
       {
@@ -182,7 +204,7 @@ void activation_manager::copy_in(entry& e, bool keep_host) {
       c10::Event done(c10::DeviceType::CUDA);
       done.record(h2d.unwrap());  // unpack makes the compute stream wait for it
       c10::Event end = timing_event(h2d);
-      e.copy = std::move(done);   // the spill's event is kept until nothing can fail
+      e.copy = std::move(done);   // the spilled entry's event is kept until nothing can fail
       list_copy({e.device.index(), link_direction::to_device, e.nbytes, std::move(start),
                  std::move(end), std::nullopt});
     } else {
@@ -190,7 +212,7 @@ void activation_manager::copy_in(entry& e, bool keep_host) {
     }
   } catch (...) {
     // Host memory ran out on the way (Note [Host out of memory]): the entry stays spilled, with
-    // its host copy and the spill's event, and the memory taken for it goes back, after a copy
+    // its host copy and its event, and the memory taken for it goes back, after a copy
     // already queued into it is done (it was freed in the current stream's order otherwise).
     if (queued) queued->synchronize();
     e.storage.set_data_ptr_noswap(at::DataPtr(nullptr, e.device));

@@ -49,7 +49,8 @@ Contract
   exits; works with any allocator and on CPU); (b) when spillway is installed, whenever an
   allocation does not fit the budget: the allocator calls the manager, which evicts until the
   request fits or nothing evictable is left.
-- Host memory: `max_spilled` caps the bytes spilled copies hold. A spill over it, or one whose
+- Host memory: `max_spilled` caps the bytes spilled copies hold, and those kept by activations
+  restored ahead (which go first when a spill needs the room). A spill over it, or one whose
   host buffer cannot be allocated, is not made and nothing is lost: the activation is dropped
   instead when its checkpoint segment can recompute it, else it stays and the next is tried.
 - Victims: policy "dtr" (smallest restore cost / (bytes x staleness)), "lru", or "largest".
@@ -266,7 +267,7 @@ def activations(max_resident=None, mode="hybrid", policy=None, prefetch=2, min_b
     the spill-or-recompute choice; None: measured per device, each way, from the copies of every
     manager in the process (25e9 until the first; stats: spill_bytes_per_s, restore_bytes_per_s).
     max_spilled: bytes (or "4GiB") of host memory (pinned, for CUDA)
-    spilled copies may hold; None: no cap. A spill over it, or one whose host buffer cannot be
+    spilled copies, and those kept by activations restored ahead, may hold; None: no cap. A spill over it, or one whose host buffer cannot be
     allocated, is not made: the activation is dropped instead when a checkpoint segment can
     recompute it, else kept and the next one tried. Returns the ActivationManager."""
     return ActivationManager(max_resident, mode, policy, prefetch, min_bytes, link_bandwidth,
