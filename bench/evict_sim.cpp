@@ -8,7 +8,7 @@
 //                      [--no-eager-drop] [--oom-layout]
 //                      [--link-gbps 50] [--driver-us 0] [--sync-us 0] [--seed S] [--rotor-slots 500]
 //                      [--rotor-max-stages 400]
-//                      [--json] [--plot FILE.svg] [--smoke]
+//                      [--json [--timeline]] [--plot FILE.svg] [--smoke]
 //
 // Without --trace it replays every *.optrace / *.optrace.gz in bench/op_traces. A budget ratio r
 // means a budget of r x the trace's unconstrained peak reserved bytes, measured by a first replay
@@ -50,7 +50,7 @@ void print_usage() {
       "                          [--link-gbps 50] [--seed 1]\n"
       "                          [--max-recompute-factor 8]\n"
       "                          [--driver-us 0] [--sync-us 0] [--warmup-steps 0]\n"
-      "                          [--rotor-slots 500] [--rotor-max-stages 400] [--json] [--plot FILE.svg]\n"
+      "                          [--rotor-slots 500] [--rotor-max-stages 400] [--json [--timeline]] [--plot FILE.svg]\n"
       "                          [--smoke]\n"
       "  --trace       op traces (.optrace, .optrace.gz) or synthetic ones: synth:mlp,\n"
       "                synth:transformer:layers=2 (models: mlp, transformer, resnet, unet; options\n"
@@ -74,6 +74,9 @@ void print_usage() {
       "  --warmup-steps  replay the trace this many times first, each a step (begin_step): the engine\n"
       "                predicts next uses from the last step's reads; the step after is measured\n"
       "  --json        machine-readable results on stdout; --plot: an SVG line plot per trace\n"
+      "  --timeline    with --json: each run's memory and counters over the measured step (allocated,\n"
+      "                reserved and resident bytes, spills, drops, restores, recomputes; after every\n"
+      "                op, or every window of ops past 2,000), for plot_results.py\n"
       "  --smoke       tiny synthetic traces with checks (for ctest)\n"
       "  Decision time (dec med / dec mean) is host wall time to choose one victim: the policy's\n"
       "  choose() including the engine's description of every candidate it samples. The upkeep that\n"
@@ -211,10 +214,35 @@ std::string device_line(const options& o) {
 
 // --- smoke --------------------------------------------------------------------------------------
 
+// A run's timeline: a point as the step began and after every op (the smoke traces are short),
+// in order, within the budget, its counters never going back and ending at the run's totals.
+template <class Expect>
+void check_timeline(const run_result& x, std::size_t budget, std::size_t ops, const std::string& at, Expect& expect) {
+  const std::vector<timeline_sample>& tl = x.timeline;
+  expect(tl.size() == ops + 1, at + ": a timeline point per op and one at the start");
+  if (tl.empty()) return;
+  bool ordered = true, within = true;
+  for (std::size_t k = 0; k < tl.size(); ++k) {
+    within = within && tl[k].reserved <= budget && tl[k].allocated <= tl[k].reserved;
+    if (k == 0) continue;
+    const timeline_sample &a = tl[k - 1], &b = tl[k];
+    ordered = ordered && b.op == a.op + 1 && b.t_ns >= a.t_ns && b.spills >= a.spills && b.drops >= a.drops &&
+              b.eager_drops >= a.eager_drops && b.restores >= a.restores && b.recomputes >= a.recomputes;
+  }
+  expect(ordered, at + ": timeline points in op order, time and counters never going back");
+  expect(within, at + ": timeline within the budget, allocated within reserved");
+  const timeline_sample& last = tl.back();
+  expect(tl.front().op == 0 && last.op == ops && last.t_ns == x.total_ns, at + ": timeline spans the step");
+  expect(last.spills == x.engine.spills && last.drops == x.pressure_drops() && last.eager_drops == x.eager_drops &&
+             last.restores == x.engine.restores && last.recomputes == x.engine.recomputes,
+         at + ": timeline ends at the run's counters");
+}
+
 int smoke(options o, bool json) {
   o.ratios = {1.0, 0.8, 0.6};
   o.modes = {engine_mode::drop_only, engine_mode::hybrid, engine_mode::spill_only};
   o.base.verify = true;
+  o.base.timeline = true;
   o.quiet = true;
   const std::vector<std::string> specs = {"mlp:layers=8,batch=16384,width=256", "transformer:layers=1,batch=2",
                                           "resnet:layers=2,batch=4", "unet:layers=2,batch=1,width=8"};
@@ -248,6 +276,7 @@ int smoke(options o, bool json) {
         if (p.result.ok) {
           expect(p.result.peak_reserved <= p.budget, at + ": peak reserved within the budget");
           expect(p.result.total_ns >= r.baseline.total_ns, at + ": no faster than the baseline");
+          check_timeline(p.result, p.budget, traces[i].ops.size(), at, expect);
         }
       }
     }
@@ -333,6 +362,10 @@ int run(int argc, char** argv) {
   o.rotor_slots = static_cast<std::size_t>(args.get_int("rotor-slots", 500));
   o.rotor_max_stages = static_cast<std::size_t>(args.get_int("rotor-max-stages", 400));
   const bool json = args.flag("json");
+  o.base.timeline = args.flag("timeline");
+  if (o.base.timeline && !json) {
+    throw spillway::invalid_argument("--timeline without --json: expected --json too (the timeline is written only there)");
+  }
   const std::string plot = args.get("plot", "");
   const bool is_smoke = args.flag("smoke");
   o.quiet = args.flag("quiet");

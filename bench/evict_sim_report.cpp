@@ -31,6 +31,25 @@ std::string xml_escape(const std::string& s) {
   return o;
 }
 
+// A run's timeline as plot_results.py reads train_bench's: field names, then one array per point.
+void write_timeline(bench::json_writer& j, const std::vector<timeline_sample>& tl) {
+  j.key("timeline").begin_object();
+  j.key("fields").begin_array();
+  for (const char* f : {"op", "t_ms", "allocated", "reserved", "resident", "spills", "drops", "eager_drops",
+                        "restores", "recomputes"}) {
+    j.value(f);
+  }
+  j.end_array();
+  j.key("samples").begin_array();
+  for (const timeline_sample& p : tl) {
+    j.begin_array().value(static_cast<std::uint64_t>(p.op)).value(static_cast<double>(p.t_ns) / 1e6);
+    j.value(p.allocated).value(p.reserved).value(p.resident);
+    j.value(p.spills).value(p.drops).value(p.eager_drops).value(p.restores).value(p.recomputes).end_array();
+  }
+  j.end_array();
+  j.end_object();
+}
+
 }  // namespace
 
 double trace_report::overhead(const run_result& r) const {
@@ -227,6 +246,7 @@ void write_json(bench::json_writer& j, const std::vector<trace_report>& reports)
         j.field("device_frees", x.device_frees).field("releases_before_eviction", x.releases_before_eviction);
         j.field("verify_checks", x.verify_checks).field("verify_mismatches", x.verify_mismatches);
         j.field("wall_seconds", x.wall_seconds);
+        if (!x.timeline.empty()) write_timeline(j, x.timeline);
         j.end_object();
       }
     }

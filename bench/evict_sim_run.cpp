@@ -171,6 +171,8 @@ class replayer {
       r.ops_done = 0;
       measured_ = mark_start();
       start_step();
+      const std::size_t timeline_window = (t_.ops.size() + max_timeline_samples - 2) / (max_timeline_samples - 1);
+      if (c_.timeline) sample_timeline(r, 0);
       const std::size_t stride = std::max<std::size_t>(1, t_.ops.size() / std::max<std::size_t>(1, c_.candidate_samples));
       std::size_t next_count_op = 0;  // candidate counts: at the first op with pressure from here
       const std::size_t window = std::max<std::size_t>(1, t_.ops.size() / 2000);
@@ -192,11 +194,16 @@ class replayer {
         }
         release_after(k);
         r.ops_done = k + 1;
+        if (c_.timeline && ((k + 1) % timeline_window == 0 || k + 1 == t_.ops.size())) sample_timeline(r, k + 1);
       }
       if (engine_ && pressured_since_sample) sample_decisions(r, false);
       r.total_ns = sim_->now_ns() - measured_.time_ns;
       r.ok = true;
     } catch (const spillway::out_of_memory& e) {
+      // Where it stopped, in the op that failed (a point after the ops done is there already).
+      if (c_.timeline && !warming_up_ && !r.timeline.empty() && r.timeline.back().op != r.ops_done) {
+        sample_timeline(r, r.ops_done);
+      }
       if (c_.oom_layout && alloc_) print_layout(r.ops_done);
       r.failure = "out of memory at op " + std::to_string(r.ops_done) + where(r.ops_done) + ": " + first_line(e.what());
     } catch (const std::exception& e) {
@@ -459,6 +466,27 @@ class replayer {
       }
     }
     return false;
+  }
+
+  // A timeline point after `ops` ops of the measured step (engine_stats walks every buffer: at
+  // most max_timeline_samples per run).
+  void sample_timeline(run_result& r, std::size_t ops) {
+    timeline_sample p;
+    p.op = static_cast<std::uint32_t>(ops);
+    p.t_ns = sim_->now_ns() - measured_.time_ns;
+    const memory_stats m = alloc_->stats();
+    p.allocated = static_cast<std::uint64_t>(m.allocated_bytes[0].current);
+    p.reserved = static_cast<std::uint64_t>(m.reserved_bytes[0].current);
+    if (engine_) {
+      const eviction::engine_stats s = since(engine_->stats(), measured_.engine);
+      p.resident = s.resident_bytes;
+      p.spills = s.spills;
+      p.eager_drops = eager_drops_ - measured_.eager_drops;
+      p.drops = s.drops - p.eager_drops;
+      p.restores = s.restores;
+      p.recomputes = s.recomputes;
+    }
+    r.timeline.push_back(p);
   }
 
   void sample_decisions(run_result& r, bool count_candidates) {

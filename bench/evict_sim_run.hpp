@@ -61,7 +61,22 @@ struct run_config {
   // engine learns the step's reads and predicts next uses in the steps after (Note [Next-use
   // prediction]). Results count the measured step alone.
   std::size_t warmup_steps = 0;
+  // Record memory and the engine's counters over the measured step (run_result::timeline).
+  bool timeline = false;
 };
+
+// One point of a run's timeline: after `op` ops of the measured step (0: as it began), at `t_ns`
+// of virtual time into it. Counters are since the step began; drops are those under pressure
+// (as run_result's JSON counts them), eager_drops those at release. allocated / reserved: the
+// allocator's; resident: the engine's resident bytes (parameters too).
+struct timeline_sample {
+  std::uint32_t op = 0;
+  std::uint64_t t_ns = 0;
+  std::uint64_t allocated = 0, reserved = 0, resident = 0;
+  std::uint64_t spills = 0, drops = 0, eager_drops = 0, restores = 0, recomputes = 0;
+};
+// At most this many points per run: one per op, or one per window of ops on longer traces.
+inline constexpr std::size_t max_timeline_samples = 2000;
 
 struct run_result {
   bool ok = false;
@@ -86,6 +101,7 @@ struct run_result {
   std::int64_t device_frees = 0;
   std::int64_t releases_before_eviction = 0;
   double wall_seconds = 0;
+  std::vector<timeline_sample> timeline;  // with run_config::timeline; up to the op that failed
 
   std::uint64_t pressure_evictions() const noexcept { return engine.evictions - eager_drops; }
   std::uint64_t pressure_drops() const noexcept { return engine.drops - eager_drops; }

@@ -19,8 +19,13 @@ Contract
                                a share of the baseline
     sim-memory-<trace>.svg     the budget, the peak reserved bytes of the best run of each mode, the
                                unconstrained peak, live peak and parameters, with each run's
-                               evictions written next to its point. The simulator's JSON has no
-                               timeline: this is per-run peaks, not memory over time
+                               evictions written next to its point (per-run peaks)
+    sim-timeline-<trace>-<policy>-<mode>-<ratio>.svg
+                               per run with a timeline (spillway-evict-sim --json --timeline):
+                               allocated, reserved and the engine's resident bytes over the
+                               measured step in simulated time, the budget, and ticks where spills,
+                               drops, restores and recomputes happened (a run out of memory: up to
+                               where it stopped)
   and sim-overview.svg: the best run per mode and rotor for every trace, one panel each.
 - From train_bench JSON, per model: train-<model>.svg: step-time overhead against the unconstrained
   run and peak reserved / the unconstrained peak, against the budget ratio, one line per
@@ -379,7 +384,7 @@ def plot_sim_memory(trace, src, label, out, written):
     legend(svg, 700, 70, entries)
     y = 70 + 15 * len(entries) + 12
     for i, line in enumerate(("'N ev': evictions under pressure", "x on the top edge: out of memory",
-                              "no timeline: the simulator's JSON", "has per-run peaks only")):
+                              "per-run peaks; memory over time:", "--timeline, sim-timeline-*.svg")):
         svg.text(700, y + 14 * i, line, size=10, color="#555")
     footer(svg, f"{label}; {src}")
     write(svg, os.path.join(out, f"sim-memory-{slug(trace['name'])}.svg"), written)
@@ -500,30 +505,26 @@ def plot_train_model(model, results, doc, src, ymax, out, written):
     write(svg, os.path.join(out, f"train-{slug(model)}.svg"), written)
 
 
-def plot_timeline(r, doc, src, out, written):
-    tl = r["timeline"]
+TIMELINE_MARKS = [("spills", "#ff7f0e"), ("drops", "#d62728"), ("restores", "#1f77b4"), ("recomputes", "#9467bd"),
+                  ("eager_drops", "#7f7f7f")]  # the last: the simulator's drops at release only
+
+
+def draw_timeline(tl, curves, limit, limit_label, title, foot, path, written):
+    """Memory over one step from a timeline ({"fields": [...], "samples": [[...], ...]}, as
+    train_bench --timeline and spillway-evict-sim --timeline write it): `curves` (field, colour,
+    dash) against t_ms, a line at `limit`, and a tick in each counter's row where it grew (for the
+    counters the timeline has)."""
     idx = {f: i for i, f in enumerate(tl["fields"])}
     samples = tl["samples"]
-    if len(samples) < 2:
-        return
-    gpu = samples[0][idx["allocated"]] is not None
     t = [s[idx["t_ms"]] for s in samples]
-    curves = ([("allocated", "#1f77b4"), ("reserved", "#ff7f0e")] if gpu else []) + \
-        ([("resident_activation_bytes", "#2ca02c")] if any(s[idx["resident_activation_bytes"]] is not None
-                                                            for s in samples) else [])
-    if not curves:
-        return
-    limit = r.get("budget_bytes") if gpu else r.get("max_resident_bytes")
-    top = max([s[idx[c]] or 0 for s in samples for c, _ in curves] + [limit or 0]) / MiB * 1.1 or 1
+    top = max([s[idx[c]] or 0 for s in samples for c, _, _ in curves] + [limit or 0]) / MiB * 1.1 or 1
     svg = SVG(1080, 440)
-    ratio = "unconstrained" if r.get("ratio") is None else f"ratio {r['ratio']:.2f}"
-    ax = Axes(svg, 70, 60, 760, 290, (0, t[-1] or 1), (0, top), "ms into the step", "MiB",
-              f"{r['model']} {r['config']} {ratio}: memory over one step", xfmt="{:.0f}")
-    for c, color in curves:
-        ax.series([(ti, (s[idx[c]] or 0) / MiB) for ti, s in zip(t, samples)], color)
+    ax = Axes(svg, 70, 60, 760, 290, (0, t[-1] or 1), (0, top), "ms into the step", "MiB", title, xfmt="{:.0f}")
+    for c, color, dash in curves:
+        ax.series([(ti, (s[idx[c]] or 0) / MiB) for ti, s in zip(t, samples)], color, dash)
     if limit:
-        ax.hline(limit / MiB, "#d62728", "6,4", "budget" if gpu else "max_resident")
-    marks = [("spills", "#ff7f0e"), ("drops", "#d62728"), ("restores", "#1f77b4"), ("recomputes", "#9467bd")]
+        ax.hline(limit / MiB, "#d62728", "6,4", limit_label)
+    marks = [(f, col) for f, col in TIMELINE_MARKS if f in idx]
     for k, (field, color) in enumerate(marks):
         prev = samples[0][idx[field]] or 0
         for ti, s in zip(t, samples):
@@ -531,12 +532,45 @@ def plot_timeline(r, doc, src, out, written):
             if v > prev:  # a tick in this counter's row along the bottom of the plot
                 svg.line(ax.px(ti), ax.y + ax.h - 4 - 7 * k, ax.px(ti), ax.y + ax.h - 10 - 7 * k, color, 2)
             prev = v
-    entries = [(c.replace("_", " "), col, "") for c, col in curves] + \
-              [(f"{f} happened (tick)", col, "") for f, col in marks]
+    entries = [(c.replace("_", " "), col, dash) for c, col, dash in curves] + \
+              [(f"{f.replace('_', ' ')} happened (tick)", col, "") for f, col in marks]
     legend(svg, 860, 70, entries)
-    footer(svg, f"{device_label(doc)}; {src}")
+    footer(svg, foot)
+    write(svg, path, written)
+
+
+def plot_timeline(r, doc, src, out, written):
+    tl = r["timeline"]
+    idx = {f: i for i, f in enumerate(tl["fields"])}
+    samples = tl["samples"]
+    if len(samples) < 2:
+        return
+    gpu = samples[0][idx["allocated"]] is not None
+    curves = ([("allocated", "#1f77b4", ""), ("reserved", "#ff7f0e", "")] if gpu else []) + \
+        ([("resident_activation_bytes", "#2ca02c", "")] if any(s[idx["resident_activation_bytes"]] is not None
+                                                            for s in samples) else [])
+    if not curves:
+        return
+    ratio = "unconstrained" if r.get("ratio") is None else f"ratio {r['ratio']:.2f}"
     name = f"timeline-{slug(r['model'])}-{slug(r['config'])}-{'unconstrained' if r.get('ratio') is None else r['ratio']}.svg"
-    write(svg, os.path.join(out, name), written)
+    draw_timeline(tl, curves, r.get("budget_bytes") if gpu else r.get("max_resident_bytes"),
+                  "budget" if gpu else "max_resident",
+                  f"{r['model']} {r['config']} {ratio}: memory over one step", f"{device_label(doc)}; {src}",
+                  os.path.join(out, name), written)
+
+
+def plot_sim_timeline(trace, run, src, label, out, written):
+    """A simulator run's timeline (spillway-evict-sim --json --timeline): allocated, reserved and
+    the engine's resident bytes over the measured step, in simulated time, with its budget."""
+    if len(run["timeline"]["samples"]) < 2:
+        return
+    state = "" if run["ok"] else ", out of memory where it ends"
+    title = f"{trace['name']} {run['policy']}/{run['mode']} at {run['ratio']:.2f}: memory over one step{state}"
+    # The engine's resident bytes are nearly the allocator's allocated ones: dashed, over them.
+    curves = [("reserved", "#ff7f0e", ""), ("allocated", "#1f77b4", ""), ("resident", "#2ca02c", "4,3")]
+    name = f"sim-timeline-{slug(trace['name'])}-{slug(run['policy'])}-{run['mode']}-{run['ratio']}.svg"
+    draw_timeline(run["timeline"], curves, run["budget"], "budget", title, f"{label}; {src}",
+                  os.path.join(out, name), written)
 
 
 # ================================================================================================
@@ -584,6 +618,9 @@ def main(argv=None):
                 plot_sim_overhead(trace, src, label, a.ymax, policies, modes, a.out, written)
                 plot_sim_cost(trace, src, label, a.out, written)
                 plot_sim_memory(trace, src, label, a.out, written)
+                for run in trace["runs"]:
+                    if run.get("timeline"):
+                        plot_sim_timeline(trace, run, src, label, a.out, written)
                 all_traces.append((trace, src))
         if all_traces:
             plot_sim_overview(all_traces, a.label or SIM_LABEL, a.ymax, a.out, written)
