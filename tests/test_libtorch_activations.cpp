@@ -63,6 +63,14 @@ void check_identical(const result& a, const result& b) {
   for (std::size_t i = 0; i < a.grads.size(); ++i) CHECK(at::equal(a.grads[i], b.grads[i]));
 }
 
+// A spill-mode manager that registers every storage and restores `prefetch` ahead.
+std::shared_ptr<activation_manager> spilling_manager(std::size_t prefetch, activation_options o = {}) {
+  o.mode = activation_mode::spill;
+  o.min_bytes = 0;
+  o.prefetch = prefetch;
+  return activation_manager::make(o);
+}
+
 }  // namespace
 
 TEST_CASE("dropped checkpoint segments are recomputed bit-identically, state updated once") {
@@ -171,11 +179,7 @@ TEST_CASE("a storage restored ahead and evicted again before its unpack is not c
   // Its host copy is kept until the unpack: the bytes are the same (nothing but the manager held
   // the storage), so the eviction frees the memory and copies nothing. Each of the 8 storages is
   // copied out once, however often the pressure takes back what was prefetched.
-  activation_options o;
-  o.mode = activation_mode::spill;
-  o.min_bytes = 0;
-  o.prefetch = 3;
-  auto manager = activation_manager::make(o);
+  auto manager = spilling_manager(3);
   constexpr std::int64_t n = 1 << 14;  // floats: 64 KiB storages
   constexpr std::size_t bytes = n * sizeof(float);
   std::vector<std::shared_ptr<activation_manager::saved>> handles;
@@ -211,11 +215,8 @@ struct kept_copies {
   std::int64_t c_floats;
 
   kept_copies(activation_options o, std::int64_t c) : c_floats(c) {
-    o.mode = activation_mode::spill;
     o.policy = activation_policy::largest;
-    o.min_bytes = 0;
-    o.prefetch = 2;
-    manager = activation_manager::make(o);
+    manager = spilling_manager(2, o);
     ha = manager->pack(at::full({n}, 1.0f));
     hb = manager->pack(at::full({n}, 2.0f));
     at::Tensor held = at::full({c}, 3.0f);
@@ -277,11 +278,7 @@ TEST_CASE("a storage whose version changed since its restore is copied out again
   // v shares a's version counter (detach) but not its storage (set_): an in-place change to v
   // bumps the version a's kept copy was taken at. The copy is no longer trusted: a's eviction
   // copies its bytes out again.
-  activation_options o;
-  o.mode = activation_mode::spill;
-  o.min_bytes = 0;
-  o.prefetch = 1;
-  auto manager = activation_manager::make(o);
+  auto manager = spilling_manager(1);
   constexpr std::int64_t n = 1 << 14;
   at::Tensor a = at::full({n}, 5.0f);
   at::Tensor v = a.detach();
