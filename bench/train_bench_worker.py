@@ -38,11 +38,11 @@ RESULT_FIELDS = (
     "status", "error", "device", "step_ms_median", "step_ms", "first_step_ms", "samples_per_s",
     "ms_per_sample", "peak_reserved", "peak_allocated", "saved_activation_bytes", "alloc_retries",
     "ooms", "spills", "drops", "restores", "recomputes", "recomputes_stopped", "evictions",
-    "prefetches", "prefetches_unused", "clean_evictions", "bytes_spilled", "bytes_dropped",
-    "bytes_restored", "pressure_calls", "losses", "timeline", "wall_s")
+    "prefetches", "prefetches_unused", "clean_evictions", "unpacks_waiting", "bytes_spilled",
+    "bytes_dropped", "bytes_restored", "pressure_calls", "losses", "timeline", "wall_s")
 COUNTERS = ("spills", "drops", "restores", "recomputes", "recomputes_stopped", "evictions",
-            "prefetches", "prefetches_unused", "clean_evictions", "bytes_spilled", "bytes_dropped",
-            "bytes_restored")
+            "prefetches", "prefetches_unused", "clean_evictions", "unpacks_waiting", "bytes_spilled",
+            "bytes_dropped", "bytes_restored")
 
 
 # ================================================================================================

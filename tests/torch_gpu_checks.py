@@ -170,6 +170,7 @@ def case_budgets(tmp):
                               "prefetches": s.get("activations.prefetches"),
                               "prefetches_unused": s.get("activations.prefetches_unused"),
                               "clean_evictions": s.get("activations.clean_evictions"),
+                              "unpacks_waiting": s.get("activations.unpacks_waiting"),
                               "spill_bytes_per_s": link.get("spill_bytes_per_s"),
                               "restore_bytes_per_s": link.get("restore_bytes_per_s")}}))
         """)

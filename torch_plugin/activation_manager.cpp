@@ -47,6 +47,7 @@ void add_counters(activation_stats& into, const activation_stats& s) {
   into.prefetches += s.prefetches;
   into.prefetches_unused += s.prefetches_unused;
   into.clean_evictions += s.clean_evictions;
+  into.unpacks_waiting += s.unpacks_waiting;
   into.pressure_calls += s.pressure_calls;
   into.evict_ns += s.evict_ns;
 }
@@ -89,12 +90,14 @@ std::vector<std::pair<std::string, std::uint64_t>> activation_stats::fields() co
       {"prefetches", prefetches},
       {"prefetches_unused", prefetches_unused},
       {"clean_evictions", clean_evictions},
+      {"unpacks_waiting", unpacks_waiting},
       {"pressure_calls", pressure_calls},
       {"evict_ns", evict_ns},
       {"registered", registered},
       {"resident_bytes", resident_bytes},
       {"spilled_bytes", spilled_bytes},
       {"kept_host_bytes", kept_host_bytes},
+      {"prefetch_depth", prefetch_depth},
       {"dropped_bytes", dropped_bytes}};
   if (has_link) {
     out.emplace_back("spill_bytes_per_s", spill_bytes_per_s);
@@ -139,7 +142,8 @@ activation_manager::activation_manager(activation_options options, plugin_alloca
     : options_(options),
       pressure_source_(pressure_source),
       link_(options.link_bandwidth.value_or(activation_options::default_link_bandwidth),
-            /*fixed=*/options.link_bandwidth.has_value()) {}
+            /*fixed=*/options.link_bandwidth.has_value()),
+      prefetch_depth_(static_cast<double>(options.prefetch)) {}
 
 activation_manager::~activation_manager() {
   close();
@@ -175,7 +179,7 @@ void activation_manager::forget(entry& e) {
     e.orphaned = true;
     return;
   }
-  if (e.prefetched) ++counters_.prefetches_unused;
+  if (e.prefetched) prefetch_wasted(e);
   if (e.state == entry_state::resident) {
     let_go_of_host(e);
     left_resident(e);
@@ -308,6 +312,10 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
 at::Tensor activation_manager::unpack(const saved& handle) {
   std::lock_guard lock(mutex_);
   entry& e = *handle.entry_;
+  if (e.state == entry_state::spilled) {  // not restored ahead, or taken back: the copy is waited for
+    ++counters_.unpacks_waiting;
+    prefetch_depth_ = std::min(prefetch_depth_ + 1, static_cast<double>(options_.prefetch));
+  }
   make_resident(e);
   let_go_of_host(e);  // read now: a prefetch's kept copy is no longer worth its host memory
   e.last_use = now_seconds();
@@ -362,6 +370,7 @@ activation_stats activation_manager::stats() const {
   s.resident_bytes = resident_bytes_;
   s.spilled_bytes = spilled_bytes_;
   s.kept_host_bytes = kept_host_bytes_;
+  s.prefetch_depth = static_cast<std::uint64_t>(prefetch_depth_);
   s.has_link = true;
   s.spill_bytes_per_s = saturated(link_.bytes_per_s(link_device_, link_direction::to_host));
   s.restore_bytes_per_s = saturated(link_.bytes_per_s(link_device_, link_direction::to_device));

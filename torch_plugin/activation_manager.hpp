@@ -57,8 +57,11 @@
 //   input in place has nothing dropped once that is seen (its replay would start from other
 //   bytes). An input modified after its segment's storages were dropped (later in that segment,
 //   or after it) makes the replay fail with std::runtime_error, never refill wrong bytes.
-// - After each unpack the next `prefetch` spilled storages that autograd will unpack, in backward
-//   order (reverse pack order), start copying back, so that copies overlap compute; a storage
+// - After each unpack the next spilled storages that autograd will unpack, in backward order
+//   (reverse pack order), start copying back, so that copies overlap compute: up to the prefetch
+//   depth, at most `prefetch`, which halves whenever a storage restored ahead is evicted or let
+//   go unread, and grows by one whenever an unpack finds its storage still spilled (stats:
+//   prefetch_depth; additive increase, multiplicative decrease, as a congestion window); a storage
 //   held only as a segment's input is restored by the replay that reads it. A storage restored
 //   ahead keeps its host copy (if its tensor has a version counter), so that evicting it again
 //   before its unpack copies nothing: its bytes are still the host copy's, as nothing but the
@@ -146,10 +149,12 @@ struct activation_stats {
                 bytes_spilled = 0, bytes_dropped = 0, bytes_restored = 0, prefetches = 0,
                 prefetches_unused = 0,  // restored ahead, then evicted or let go unread
                 clean_evictions = 0,  // evicted to the host copy kept since a prefetch: no copy
+                unpacks_waiting = 0,  // unpacks that found their storage spilled: a copy waited for
                 pressure_calls = 0,
                 evict_ns = 0;  // host time in evict and the pressure handler: choice and eviction
   std::uint64_t registered = 0, resident_bytes = 0, spilled_bytes = 0, dropped_bytes = 0;
   std::uint64_t kept_host_bytes = 0;  // host copies kept by storages restored ahead
+  std::uint64_t prefetch_depth = 0;   // storages the next unpack may restore ahead, at most
   // The bandwidth the manager weighs spills by, each way, on the link of its last copy
   // (activation_link.hpp): a manager's, listed by fields() only then (has_link), not in totals().
   std::uint64_t spill_bytes_per_s = 0, restore_bytes_per_s = 0;
@@ -293,6 +298,7 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   double segment_cost(segment& s, int depth);  // with the dropped segments it needs first
   double measured_cost(segment& s);            // its forward's time (so far, if it runs)
   void prefetch_before(std::uint64_t seq);
+  void prefetch_wasted(entry& e) noexcept;  // e, restored ahead, goes unread: counted, backs off
   bool room_to_prefetch(const entry& e) const;
   std::size_t evictable_resident_bytes() const;
   void note_saved(entry* e);
@@ -316,6 +322,9 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   // Host copies kept by storages restored ahead, until their unpack (prefetch_before): with
   // spilled_bytes_, what max_spilled caps.
   std::size_t kept_host_bytes_ = 0;
+  // How many spilled storages an unpack restores ahead (prefetch_before): at most
+  // options_.prefetch; halved by each wasted prefetch, one more after each unpack that waited.
+  double prefetch_depth_ = 0;
   link_meter link_;
   int link_device_ = -1;  // of its last copy, else of its first CUDA entry: the link stats() reports
   bool link_copied_ = false;  // it has made a copy

@@ -248,13 +248,23 @@ bool activation_manager::room_to_prefetch(const entry& e) const {
   return e.home->fits_without_eviction(e.nbytes, pressure_source_->stream_of(stream));
 }
 
+// A storage restored ahead went unread (evicted, or let go): the depth was more than the room
+// lasts, so it halves. Under tight budgets a fixed depth of 2 had a fifth to three fifths of the
+// copies back taken back unread (bench/results/sim-2026-11-27-prefetch-depth/).
+void activation_manager::prefetch_wasted(entry& e) noexcept {
+  ++counters_.prefetches_unused;
+  e.prefetched = false;
+  prefetch_depth_ /= 2;
+}
+
 // Only an entry autograd will unpack is restored ahead: a segment's input that nothing but the
 // segment holds is read by its replay alone, which restores it then (in spill mode there is no
 // replay at all). Restoring those filled the budget with storages nothing would read, and, on
 // CUDA, where a restored entry stayed unevictable until its unpack, held them to the step's end.
 void activation_manager::prefetch_before(std::uint64_t seq) {
+  const auto depth = static_cast<std::size_t>(prefetch_depth_);
   std::vector<entry*> next;
-  for (auto it = spilled_.lower_bound(seq); it != spilled_.begin() && next.size() < options_.prefetch;) {
+  for (auto it = spilled_.lower_bound(seq); it != spilled_.begin() && next.size() < depth;) {
     entry* e = (--it)->second;
     if (e->unpackable > 0) next.push_back(e);
   }

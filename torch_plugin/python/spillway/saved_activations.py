@@ -36,8 +36,11 @@ Contract
   (when not modified in place since), so a boundary can be dropped; a replay restores its inputs
   first, replaying the segments before it (producers first, through every input) when they were
   dropped too.
-- After each unpack, the next `prefetch` spilled storages that autograd will unpack, in backward
-  order (reverse pack order), start copying back, so that copies overlap compute; each only into
+- After each unpack, the next spilled storages that autograd will unpack, in backward order
+  (reverse pack order), start copying back, so that copies overlap compute: as many as the
+  prefetch depth, at most `prefetch`, which halves when a storage restored ahead is taken back
+  unread and grows by one when an unpack waits for its copy (stats()["prefetch_depth"],
+  stats()["unpacks_waiting"]); each only into
   room that max_resident and the budget have (a prefetch never makes the allocator evict). A
   storage restored ahead may be evicted again: stats()["prefetches_unused"] counts those. It
   keeps its host copy until it is unpacked, so evicting it again copies nothing
@@ -262,7 +265,8 @@ def activations(max_resident=None, mode="hybrid", policy=None, prefetch=2, min_b
 
     max_resident: bytes (or "512MiB") of evictable saved activations kept resident; None: evict only under
     the installed allocator's budget. mode: "hybrid", "spill" or "drop". policy: "dtr", "lru",
-    "largest" (default: spillway.install's). prefetch: spilled activations copied back ahead of use.
+    "largest" (default: spillway.install's). prefetch: at most this many spilled activations
+    copied back ahead of use (the depth adapts below it).
     min_bytes: bytes (or "64KiB"); smaller tensors are saved as they are. link_bandwidth: host link bytes per second for
     the spill-or-recompute choice; None: measured per device, each way, from the copies of every
     manager in the process (25e9 until the first; stats: spill_bytes_per_s, restore_bytes_per_s).
