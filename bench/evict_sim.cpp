@@ -76,7 +76,7 @@ void print_usage() {
       "  --json        machine-readable results on stdout; --plot: an SVG line plot per trace\n"
       "  --timeline    with --json: each run's memory and counters over the measured step (allocated,\n"
       "                reserved and resident bytes, spills, drops, restores, recomputes; after every\n"
-      "                op, or every window of ops past 2,000), for plot_results.py\n"
+      "                op, or every window of ops from 2,000 ops), for plot_results.py\n"
       "  --smoke       tiny synthetic traces with checks (for ctest)\n"
       "  Decision time (dec med / dec mean) is host wall time to choose one victim: the policy's\n"
       "  choose() including the engine's description of every candidate it samples. The upkeep that\n"

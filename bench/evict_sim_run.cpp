@@ -200,10 +200,6 @@ class replayer {
       r.total_ns = sim_->now_ns() - measured_.time_ns;
       r.ok = true;
     } catch (const spillway::out_of_memory& e) {
-      // Where it stopped, in the op that failed (a point after the ops done is there already).
-      if (c_.timeline && !warming_up_ && !r.timeline.empty() && r.timeline.back().op != r.ops_done) {
-        sample_timeline(r, r.ops_done);
-      }
       if (c_.oom_layout && alloc_) print_layout(r.ops_done);
       r.failure = "out of memory at op " + std::to_string(r.ops_done) + where(r.ops_done) + ": " + first_line(e.what());
     } catch (const std::exception& e) {

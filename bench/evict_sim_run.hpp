@@ -75,7 +75,7 @@ struct timeline_sample {
   std::uint64_t allocated = 0, reserved = 0, resident = 0;
   std::uint64_t spills = 0, drops = 0, eager_drops = 0, restores = 0, recomputes = 0;
 };
-// At most this many points per run: one per op, or one per window of ops on longer traces.
+// At most this many points per run: one per op, or, from 2,000 ops, one per window of ops.
 inline constexpr std::size_t max_timeline_samples = 2000;
 
 struct run_result {
@@ -101,7 +101,8 @@ struct run_result {
   std::int64_t device_frees = 0;
   std::int64_t releases_before_eviction = 0;
   double wall_seconds = 0;
-  std::vector<timeline_sample> timeline;  // with run_config::timeline; up to the op that failed
+  // With run_config::timeline; a run that failed: up to the last point before the op that failed.
+  std::vector<timeline_sample> timeline;
 
   std::uint64_t pressure_evictions() const noexcept { return engine.evictions - eager_drops; }
   std::uint64_t pressure_drops() const noexcept { return engine.drops - eager_drops; }

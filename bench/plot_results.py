@@ -25,7 +25,7 @@ Contract
                                allocated, reserved and the engine's resident bytes over the
                                measured step in simulated time, the budget, and ticks where spills,
                                drops, restores and recomputes happened (a run out of memory: up to
-                               where it stopped)
+                               the last point before the op that failed)
   and sim-overview.svg: the best run per mode and rotor for every trace, one panel each.
 - From train_bench JSON, per model: train-<model>.svg: step-time overhead against the unconstrained
   run and peak reserved / the unconstrained peak, against the budget ratio, one line per

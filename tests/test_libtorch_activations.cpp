@@ -236,8 +236,9 @@ struct kept_copies {
 };
 
 TEST_CASE("the prefetch depth halves when what it restored is taken back, and grows when unpacks wait") {
-  // Additive increase, multiplicative decrease: each storage restored ahead and evicted unread
-  // halves the depth; each unpack that waits for its copy back adds one, up to `prefetch`.
+  // Additive increase, multiplicative decrease: storages restored ahead and evicted unread halve
+  // the depth, once between two unpacks however many go; each unpack that waits for its copy
+  // back adds one, up to `prefetch`.
   auto manager = spilling_manager(4);
   constexpr std::int64_t n = 1 << 14;
   std::vector<std::shared_ptr<activation_manager::saved>> handles;
@@ -249,32 +250,54 @@ TEST_CASE("the prefetch depth halves when what it restored is taken back, and gr
     CHECK(at::equal(used.back(), at::full({n}, float(i))));
     return manager->stats();
   };
-  activation_stats s = unpack(7);  // waited (the depth is at its cap): storages 6, 5, 4, 3 restored ahead
+  activation_stats s = unpack(7);  // waited (the depth is at its cap): 6, 5, 4, 3 restored ahead
   CHECK(s.unpacks_waiting == 1);
   CHECK(s.prefetches == 4);
   CHECK(s.prefetch_depth == 4);
-  manager->evict(std::size_t{1} << 30);  // all four taken back unread: 4 / 2^4
+  manager->evict(std::size_t{1} << 30);  // all four taken back unread: one loss, 4 -> 2
   CHECK(manager->stats().prefetches_unused == 4);
-  CHECK(manager->stats().prefetch_depth == 0);
-  s = unpack(6);  // waited: depth 1.25, so storage 5 ahead
+  CHECK(manager->stats().prefetch_depth == 2);
+  s = unpack(6);  // waited: 3; 5, 4, 3 ahead
   CHECK(s.unpacks_waiting == 2);
-  CHECK(s.prefetches == 5);
-  s = unpack(5);  // restored ahead, not waited for: the depth stays; storage 4 ahead
-  CHECK(s.unpacks_waiting == 2);
-  CHECK(s.prefetches == 6);
-  CHECK(s.prefetch_depth == 1);
-  s = unpack(4);  // restored ahead too; storage 3 ahead
   CHECK(s.prefetches == 7);
-  manager->evict(std::size_t{1} << 30);  // storage 3 taken back unread: depth 0.625
-  s = unpack(3);  // waited: depth 1.625; storage 2 ahead
+  manager->evict(std::size_t{1} << 30);  // three taken back: 3 -> 1.5
+  CHECK(manager->stats().prefetch_depth == 1);
+  s = unpack(5);  // waited: 2.5; 4, 3 ahead
+  CHECK(s.prefetches == 9);
+  s = unpack(4);  // restored ahead, not waited for: the depth stays; 2, 1 ahead (3 is resident)
   CHECK(s.unpacks_waiting == 3);
-  CHECK(s.prefetch_depth == 1);
-  s = unpack(2);  // restored ahead; storage 1 ahead
-  s = unpack(1);
-  s = unpack(0);
+  CHECK(s.prefetch_depth == 2);
+  CHECK(s.prefetches == 11);
+  for (int i = 3; i >= 0; --i) s = unpack(i);  // 0 ahead, then nothing is left spilled
   CHECK(s.unpacks_waiting == 3);
-  CHECK(s.prefetches_unused == 5);
-  CHECK(s.restores == 8 + 5);  // each once, and again each one taken back
+  CHECK(s.prefetches == 12);
+  CHECK(s.prefetches_unused == 7);
+  CHECK(s.restores == 8 + 7);  // each once, and again each one taken back
+}
+
+TEST_CASE("a storage restored ahead and let go unread counts as unused, and the depth stays") {
+  // Autograd releases what a node it never ran saved (a branch outside the loss): restored ahead
+  // for nothing, but no room ran out, so the depth does not back off. The depth is a manager's
+  // own: totals() does not list it.
+  auto manager = spilling_manager(2);
+  constexpr std::int64_t n = 1 << 14;
+  auto ha = manager->pack(at::full({n}, 1.0f));
+  auto hb = manager->pack(at::full({n}, 2.0f));
+  REQUIRE(manager->evict(std::size_t{1} << 30).first == 2 * n * sizeof(float));
+  CHECK(at::equal(manager->unpack(*hb), at::full({n}, 2.0f)));  // waited; a restored ahead
+  REQUIRE(manager->stats().prefetches == 1);
+  ha.reset();  // a's last handle: forgotten unread
+  const activation_stats s = manager->stats();
+  CHECK(s.prefetches_unused == 1);
+  CHECK(s.prefetch_depth == 2);
+  const auto listed = [](const activation_stats& st) {
+    for (const auto& [name, value] : st.fields()) {
+      if (name == "prefetch_depth") return true;
+    }
+    return false;
+  };
+  CHECK(listed(s));
+  CHECK_FALSE(listed(activation_manager::totals()));
 }
 
 TEST_CASE("kept host copies count against max_spilled, and go first when a spill needs room") {

@@ -285,7 +285,7 @@ std::size_t activation_manager::evict_one(entry& e) {
     ++counters_.spills;
     counters_.bytes_spilled += e.nbytes;
   }
-  if (e.prefetched) prefetch_wasted(e);  // its copy back was for nothing
+  if (e.prefetched) prefetch_wasted(e, /*evicted=*/true);  // its copy back was for nothing
   // Where a prefetch asks for room (room_to_prefetch): the allocator that holds its memory now.
   if (pressure_source_ != nullptr) e.home = pressure_source_->holder_of(e.storage.data());
   // Frees the memory (on CUDA in stream order after the copy) and keeps the StorageImpl.

@@ -97,9 +97,9 @@ std::vector<std::pair<std::string, std::uint64_t>> activation_stats::fields() co
       {"resident_bytes", resident_bytes},
       {"spilled_bytes", spilled_bytes},
       {"kept_host_bytes", kept_host_bytes},
-      {"prefetch_depth", prefetch_depth},
       {"dropped_bytes", dropped_bytes}};
   if (has_link) {
+    out.emplace_back("prefetch_depth", prefetch_depth);
     out.emplace_back("spill_bytes_per_s", spill_bytes_per_s);
     out.emplace_back("restore_bytes_per_s", restore_bytes_per_s);
   }
@@ -179,7 +179,7 @@ void activation_manager::forget(entry& e) {
     e.orphaned = true;
     return;
   }
-  if (e.prefetched) prefetch_wasted(e);
+  if (e.prefetched) prefetch_wasted(e, /*evicted=*/false);
   if (e.state == entry_state::resident) {
     let_go_of_host(e);
     left_resident(e);
@@ -312,11 +312,13 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
 at::Tensor activation_manager::unpack(const saved& handle) {
   std::lock_guard lock(mutex_);
   entry& e = *handle.entry_;
-  if (e.state == entry_state::spilled) {  // not restored ahead, or taken back: the copy is waited for
+  const bool waits = e.state == entry_state::spilled;  // not restored ahead, or taken back
+  make_resident(e);
+  if (waits) {  // the copy back is waited for: restoring further ahead would have hidden it
     ++counters_.unpacks_waiting;
     prefetch_depth_ = std::min(prefetch_depth_ + 1, static_cast<double>(options_.prefetch));
   }
-  make_resident(e);
+  backed_off_ = false;  // a new interval: the next evictions of prefetches are a new loss
   let_go_of_host(e);  // read now: a prefetch's kept copy is no longer worth its host memory
   e.last_use = now_seconds();
   // A fresh alias: while autograd uses it the storage's use count exceeds the manager's aliases,

@@ -59,9 +59,12 @@
 //   or after it) makes the replay fail with std::runtime_error, never refill wrong bytes.
 // - After each unpack the next spilled storages that autograd will unpack, in backward order
 //   (reverse pack order), start copying back, so that copies overlap compute: up to the prefetch
-//   depth, at most `prefetch`, which halves whenever a storage restored ahead is evicted or let
-//   go unread, and grows by one whenever an unpack finds its storage still spilled (stats:
-//   prefetch_depth; additive increase, multiplicative decrease, as a congestion window); a storage
+//   depth, at most `prefetch`, which halves when storages restored ahead are evicted unread (at
+//   most once between two unpacks: one loss event), and grows by one whenever an unpack finds
+//   its storage still spilled and waits for its copy (stats: prefetch_depth, unpacks_waiting;
+//   additive increase, multiplicative decrease, as a congestion window). A storage restored
+//   ahead and let go unread (autograd released a node it never ran) counts in
+//   prefetches_unused but does not back off: no room ran out. A storage
 //   held only as a segment's input is restored by the replay that reads it. A storage restored
 //   ahead keeps its host copy (if its tensor has a version counter), so that evicting it again
 //   before its unpack copies nothing: its bytes are still the host copy's, as nothing but the
@@ -154,9 +157,10 @@ struct activation_stats {
                 evict_ns = 0;  // host time in evict and the pressure handler: choice and eviction
   std::uint64_t registered = 0, resident_bytes = 0, spilled_bytes = 0, dropped_bytes = 0;
   std::uint64_t kept_host_bytes = 0;  // host copies kept by storages restored ahead
-  std::uint64_t prefetch_depth = 0;   // storages the next unpack may restore ahead, at most
-  // The bandwidth the manager weighs spills by, each way, on the link of its last copy
-  // (activation_link.hpp): a manager's, listed by fields() only then (has_link), not in totals().
+  // A manager's own, listed by fields() only then (has_link), not in totals():
+  // the storages its next unpack may restore ahead, at most;
+  std::uint64_t prefetch_depth = 0;
+  // the bandwidth it weighs spills by, each way, on the link of its last copy (activation_link.hpp).
   std::uint64_t spill_bytes_per_s = 0, restore_bytes_per_s = 0;
   bool has_link = false;
   std::vector<std::pair<std::string, std::uint64_t>> fields() const;  // name, value
@@ -298,7 +302,8 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   double segment_cost(segment& s, int depth);  // with the dropped segments it needs first
   double measured_cost(segment& s);            // its forward's time (so far, if it runs)
   void prefetch_before(std::uint64_t seq);
-  void prefetch_wasted(entry& e) noexcept;  // e, restored ahead, goes unread: counted, backs off
+  // e, restored ahead, goes unread: counted; evicted (the room ran out), the depth backs off.
+  void prefetch_wasted(entry& e, bool evicted) noexcept;
   bool room_to_prefetch(const entry& e) const;
   std::size_t evictable_resident_bytes() const;
   void note_saved(entry* e);
@@ -323,8 +328,10 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   // spilled_bytes_, what max_spilled caps.
   std::size_t kept_host_bytes_ = 0;
   // How many spilled storages an unpack restores ahead (prefetch_before): at most
-  // options_.prefetch; halved by each wasted prefetch, one more after each unpack that waited.
+  // options_.prefetch; halved when prefetches are evicted unread (once between two unpacks:
+  // backed_off_), one more after each unpack that waited.
   double prefetch_depth_ = 0;
+  bool backed_off_ = false;
   link_meter link_;
   int link_device_ = -1;  // of its last copy, else of its first CUDA entry: the link stats() reports
   bool link_copied_ = false;  // it has made a copy

@@ -248,13 +248,19 @@ bool activation_manager::room_to_prefetch(const entry& e) const {
   return e.home->fits_without_eviction(e.nbytes, pressure_source_->stream_of(stream));
 }
 
-// A storage restored ahead went unread (evicted, or let go): the depth was more than the room
-// lasts, so it halves. Under tight budgets a fixed depth of 2 had a fifth to three fifths of the
-// copies back taken back unread (bench/results/sim-2026-11-27-prefetch-depth/).
-void activation_manager::prefetch_wasted(entry& e) noexcept {
+// A storage restored ahead went unread. Evicted, the depth was more than the room lasts, so it
+// halves, once between two unpacks however many go in that pressure (one loss event, as a
+// congestion window counts it; per storage, one sweep took a depth of 4 to 0.25). Let go (its
+// node was never run), nothing ran out: no back-off. Under tight budgets a fixed depth of 2 had a
+// fifth to three fifths of the copies back taken back unread
+// (bench/results/sim-2026-11-27-prefetch-depth/).
+void activation_manager::prefetch_wasted(entry& e, bool evicted) noexcept {
   ++counters_.prefetches_unused;
   e.prefetched = false;
-  prefetch_depth_ /= 2;
+  if (evicted && !backed_off_) {
+    prefetch_depth_ /= 2;
+    backed_off_ = true;
+  }
 }
 
 // Only an entry autograd will unpack is restored ahead: a segment's input that nothing but the
