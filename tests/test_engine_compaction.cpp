@@ -13,7 +13,8 @@
 // another stream that used its old block; with compaction off the same request evicts; pinned
 // buffers and allocations the engine does not own are never moved (the other segment is emptied
 // instead); a segment whose buffers do not all find a hole elsewhere is not touched (all or none)
-// and eviction serves the request; the allocator's snapshot tiles and matches its statistics.
+// and eviction serves the request; a buffer moved into the other pool is known to be there; the
+// allocator's snapshot tiles and matches its statistics.
 #include <doctest/doctest.h>
 
 #include <cstring>
@@ -296,4 +297,26 @@ TEST_CASE("compaction: a copy that cannot be queued stops it; the buffer stays, 
   t.env.alloc->deallocate(p);
   t.expect_kept();
   t.check_allocator();
+}
+
+TEST_CASE("compaction: a buffer moved into the other pool is known to be there") {
+  // x is registered at 512 KiB on a 2 MiB block (the large pool's 20 MiB segment). A 19 MiB
+  // request fits only once that segment is given back: x moves into the small pool's free MiB.
+  // Its pool is what the pressure path and dtr-frag match against a request: it follows the move.
+  engine_options o;
+  o.budget = 24 * MiB;
+  o.engine.policy = "lru";
+  engine_env env(o);
+  void* xp = env.alloc->allocate(2 * MiB);
+  const buffer_id x = env.eng().register_buffer(xp, MiB / 2, stream_ref{});
+  void* f1 = env.alloc->allocate(MiB / 2);  // the small pool's 2 MiB segment, 1 MiB left free
+  void* f2 = env.alloc->allocate(MiB / 2);
+  REQUIRE_FALSE(env.eng().describe_candidate(x)->small_pool);
+  void* p = env.alloc->allocate(19 * MiB);
+  REQUIRE(env.eng().stats().moves == 1);
+  CHECK(env.alloc->describe(env.eng().pin(x).get()).segment_size == 2 * MiB);
+  CHECK(env.eng().describe_candidate(x)->small_pool);
+  for (void* q : {p, f1, f2}) env.alloc->deallocate(q);
+  env.eng().forget(x);
+  env.sim->run_until_idle();
 }

@@ -466,11 +466,14 @@ void eviction_engine::impl::unpin_locked(buffer_entry& e) noexcept {
   }
 }
 
-// e has a new block (restored or recomputed): which segment holds it, and whether the block is
-// all of it (then evicting e gives the segment back; dtr-frag looks for such victims).
+// e has a new block (restored, recomputed or moved): which segment holds it, whether the block is
+// all of it (then evicting e gives the segment back; dtr-frag looks for such victims), and its
+// pool, by the block's size as at registration (a buffer smaller than its first block may land
+// in the other pool).
 void eviction_engine::impl::note_block_locked(buffer_entry& e) noexcept {
   try {
     const allocation_info info = allocator.describe(e.device_ptr);
+    e.small_pool = info.size <= size_classes::small_size;
     e.segment_size = info.segment_size;
     e.whole_segment = info.size == info.segment_size;
   } catch (...) {  // cannot happen: the block is live
