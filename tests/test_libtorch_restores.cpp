@@ -4,6 +4,7 @@
 // until it has run), the limit on replays nested in replays, and the early stop of a replay once
 // it has given back every save that is still wanted.
 #include "torch_doctest.hpp"  // ATen and doctest
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cstddef>
@@ -369,4 +370,110 @@ TEST_CASE("a segment that runs a backward itself is recomputed") {
   CHECK(at::equal(run(manager), reference));
   CHECK(manager->stats().recomputes == 1);
   CHECK(manager->stats().registered == 0);
+}
+
+TEST_CASE("a storage registered again is not refilled by the segment that saved it before") {
+  // S saves x and y; x's handle goes, so its entry goes while S lives on through y. x is then
+  // changed and saved again by T: a new entry, with T as its lineage. Replaying S for y must not
+  // refill x's new entry with S's bytes (it did: 1.0 instead of 7.0).
+  auto manager = activation_manager::make(drop_when_asked());
+  constexpr std::int64_t n = 1 << 14;
+  manager->begin_segment([](const std::vector<at::Tensor>&, std::optional<std::size_t>) {
+    return segment_run{{at::full({n}, 1.0f), at::full({n}, 2.0f)}, {}};
+  }, {}, {});
+  at::Tensor x = at::full({n}, 1.0f);
+  auto hx = manager->pack(x);
+  auto hy = manager->pack(at::full({n}, 2.0f));
+  manager->end_segment(1e-3);
+  hx.reset();
+  x.fill_(7.0f);
+  manager->begin_segment([](const std::vector<at::Tensor>&, std::optional<std::size_t>) {
+    return segment_run{{at::full({n}, 7.0f)}, {}};
+  }, {}, {});
+  auto hx2 = manager->pack(x);
+  manager->end_segment(1e-3);
+  x.reset();
+  REQUIRE(manager->evict(std::size_t{1} << 30).first == 2 * n * sizeof(float));
+  CHECK(at::equal(manager->unpack(*hy), at::full({n}, 2.0f)));
+  CHECK(at::equal(manager->unpack(*hx2), at::full({n}, 7.0f)));
+  CHECK(manager->stats().recomputes == 2);
+}
+
+namespace {
+// CPU autocast to bfloat16 for a scope, as torch.autocast("cpu", torch.bfloat16) sets it.
+struct cpu_autocast {
+  bool was = at::autocast::is_autocast_enabled(at::kCPU);
+  at::ScalarType dtype = at::autocast::get_autocast_dtype(at::kCPU);
+  cpu_autocast() {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~cpu_autocast() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCPU, was);
+    at::autocast::set_autocast_dtype(at::kCPU, dtype);
+  }
+};
+}  // namespace
+
+TEST_CASE("a segment run under autocast is replayed under it") {
+  // Backward runs the replay outside the autocast block. In fp32 it would give other bytes: the
+  // bfloat16 saves twice as large (a size mismatch), exp's fp32 output the same size with other
+  // values (wrong gradients, no error).
+  enable_libtorch_hooks();
+  const at::Tensor w0 = at::randn({256, 64}) * 0.1, x0 = at::randn({1024, 64}) * 0.1;
+  const auto run = [&](const std::shared_ptr<activation_manager>& manager) {
+    at::Tensor w = w0.clone().requires_grad_();
+    const segment_function fn = [&w](const std::vector<at::Tensor>& in) {
+      return at::linear(in[0], w).to(at::kFloat).exp();
+    };
+    at::Tensor loss;
+    {
+      std::optional<activation_scope> scope;
+      if (manager) scope.emplace(manager);
+      at::Tensor y;
+      {
+        cpu_autocast casting;
+        y = manager ? checkpoint(fn, {x0 * 3}) : fn({x0 * 3});
+      }
+      loss = y.sum();
+    }
+    if (manager) REQUIRE(manager->evict(std::size_t{1} << 30).first > 0);
+    loss.backward();
+    return w.grad().clone();
+  };
+  const at::Tensor reference = run(nullptr);
+  auto manager = activation_manager::make(drop_when_asked());
+  CHECK(at::equal(run(manager), reference));
+  CHECK(manager->stats().recomputes == 1);
+  CHECK_FALSE(at::autocast::is_autocast_enabled(at::kCPU));  // as the replay found it
+}
+
+TEST_CASE("state kept from a replay is put back when the replay fails") {
+  // `keep` (BatchNorm-like state the segment updates in place) must not be updated twice: a
+  // replay puts it back as it found it, also when it throws.
+  enable_libtorch_hooks();
+  bool fail = false;
+  at::Tensor state = at::zeros({4});
+  const segment_function fn = [&](const std::vector<at::Tensor>& in) {
+    {
+      at::NoGradGuard no_grad;
+      state.add_(1);
+    }
+    if (fail) throw std::runtime_error("the segment failed");
+    return in[0].sin().exp();  // exp saves its result: the segment's to recompute
+  };
+  auto manager = activation_manager::make(drop_when_asked());
+  at::Tensor w = at::randn({1 << 14}).requires_grad_();
+  at::Tensor loss;
+  {
+    activation_scope scope(manager);
+    loss = checkpoint(fn, {w * 3}, {state}).sum();
+  }
+  REQUIRE(at::equal(state, at::ones({4})));
+  REQUIRE(manager->evict(std::size_t{1} << 30).first > 0);
+  fail = true;
+  CHECK_THROWS_WITH(loss.backward(), doctest::Contains("the segment failed"));
+  CHECK(at::equal(state, at::ones({4})));
 }

@@ -9,6 +9,7 @@ Eviction is forced by max_resident, the trigger that works with any allocator.
 Run by ctest with spillway's build tree on PYTHONPATH (tests/CMakeLists.txt).
 """
 
+import contextlib
 import copy
 import unittest
 
@@ -324,6 +325,87 @@ class CheckpointRecompute(unittest.TestCase):
             loss.backward()
         self.assertEqual(acts.stats()["recomputes"], 1)
         self.assertTrue(torch.equal(w.grad, reference))
+
+    def test_a_segment_under_autocast_is_replayed_under_it(self):
+        # The replay runs in backward, outside the autocast block: it must cast as the first run
+        # did. Only exp's fp32 output is dropped, so a replay in fp32 would refill it with bytes
+        # of the same size and other values (wrong gradients, no error).
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(64, 256)
+        x0 = torch.randn(1024, 64) * 0.1
+
+        def block(x):
+            return lin(x).float().exp()
+
+        def run(acts):
+            x = x0.clone().requires_grad_()
+            lin.zero_grad()
+            with acts or contextlib.nullcontext():
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    y = spillway.checkpoint(block, x * 3)
+                loss = y.sum()
+                del y
+            if acts is not None:
+                self.assertGreater(acts.evict(1 << 30)[0], 0)
+            loss.backward()
+            return x.grad.clone(), lin.weight.grad.clone()
+
+        reference = run(None)
+        acts = spillway.activations(mode="drop", policy="largest", min_bytes=0)
+        got = run(acts)
+        self.assertGreater(acts.stats()["recomputes"], 0)
+        for a, b in zip(reference, got):
+            self.assertTrue(torch.equal(a, b))
+
+    def test_tensors_in_kwargs_and_containers_are_inputs(self):
+        # Held and checked as the positional ones are: unchanged, the replay is bit-identical;
+        # modified in place after the segment was dropped, backward fails clearly (it used to
+        # replay from the changed bytes: wrong gradients, no error).
+        def block(x, bias=None, extra=()):
+            return (x + bias + extra[0]).sin()
+
+        x0 = torch.randn(1 << 14)
+
+        def run(acts, change=None):
+            x = x0.clone().requires_grad_()
+            bias, extra = torch.ones(1 << 14), torch.ones(1 << 14)
+            with acts or contextlib.nullcontext():
+                loss = spillway.checkpoint(block, x * 3, bias=bias, extra=(extra,)).sum()
+            if acts is not None:
+                self.assertGreater(acts.evict(1 << 30)[0], 0)
+            if change is not None:
+                {"bias": bias, "extra": extra}[change].add_(5.0)
+            loss.backward()
+            return x.grad
+
+        reference = run(None)
+        acts = spillway.activations(mode="drop", min_bytes=0)
+        self.assertTrue(torch.equal(run(acts), reference))
+        self.assertEqual(acts.stats()["recomputes"], 1)
+        for change in ("bias", "extra"):
+            with self.subTest(change=change):
+                with self.assertRaisesRegex(RuntimeError, "input was modified in place"):
+                    run(spillway.activations(mode="drop", min_bytes=0), change)
+
+    def test_a_replays_input_copied_back_is_not_an_unpack(self):
+        # x * 3, the segment's input, is spilled (no lineage: hybrid spills it, at a slow link)
+        # and exp's result dropped. Backward's one unpack finds its storage dropped; the replay
+        # copies its input back. That copy is the replay's, not an unpack that waited: it moves
+        # neither unpacks_waiting nor the prefetch depth.
+        def block(h):
+            return (h + 1).exp()
+
+        x = torch.randn(1 << 16, requires_grad=True)
+        acts = spillway.activations(mode="hybrid", min_bytes=0, link_bandwidth=1.0, prefetch=1)
+        with acts:
+            loss = spillway.checkpoint(block, x * 3).sum()
+        acts.evict(1 << 30)
+        self.assertEqual((acts.stats()["spills"], acts.stats()["drops"]), (1, 1))
+        loss.backward()
+        s = acts.stats()
+        self.assertEqual((s["recomputes"], s["restores"]), (1, 1))
+        self.assertEqual(s["unpacks_waiting"], 0)
+        self.assertTrue(torch.equal(x.grad, 3 * (x.detach() * 3 + 1).exp()))
 
     def test_checkpoint_outside_activations_is_a_plain_call(self):
         model = mlp(depth=1)

@@ -141,9 +141,9 @@ std::shared_ptr<activation_manager> activation_manager::make(activation_options 
 activation_manager::activation_manager(activation_options options, plugin_allocator* pressure_source)
     : options_(options),
       pressure_source_(pressure_source),
+      prefetch_depth_(static_cast<double>(options.prefetch)),
       link_(options.link_bandwidth.value_or(activation_options::default_link_bandwidth),
-            /*fixed=*/options.link_bandwidth.has_value()),
-      prefetch_depth_(static_cast<double>(options.prefetch)) {}
+            /*fixed=*/options.link_bandwidth.has_value()) {}
 
 activation_manager::~activation_manager() {
   close();
@@ -206,7 +206,7 @@ void activation_manager::note_saved(entry* e) {
     if (e == nullptr) {
       s->saved.emplace_back(std::nullopt);
     } else {
-      s->saved.emplace_back(e->storage.getWeakStorageImpl());
+      s->saved.emplace_back(segment::saved_storage{e->storage.getWeakStorageImpl(), e->seq});
     }
   }
 }
@@ -320,20 +320,40 @@ at::Tensor activation_manager::unpack(const saved& handle) {
   }
   backed_off_ = false;  // a new interval: the next evictions of prefetches are a new loss
   let_go_of_host(e);  // read now: a prefetch's kept copy is no longer worth its host memory
-  e.last_use = now_seconds();
   // A fresh alias: while autograd uses it the storage's use count exceeds the manager's aliases,
   // so the storage cannot be evicted under the running backward node. Taken before the prefetch:
   // its allocations may call the pressure handler, which would otherwise see this storage
   // resident and unused, evict it, and hand autograd a tensor without memory.
-  at::Tensor used = handle.alias_.detach();
+  at::Tensor used = alias_in_use(handle);
   e.prefetched = false;
   prefetch_before(e.seq);
+  wait_for_copy_back(e);
+  enforce_max_resident();
+  return used;
+}
+
+// A segment's input that a replay reads (make_resident): resident, as unpack makes it, but not
+// one of autograd's unpacks. It neither moves the prefetch depth nor prefetches from its place in
+// pack order, and keeps a prefetch's host copy and mark: autograd may still unpack it later.
+at::Tensor activation_manager::read_for_replay(const saved& handle) {
+  entry& e = *handle.entry_;
+  make_resident(e);
+  at::Tensor used = alias_in_use(handle);
+  wait_for_copy_back(e);
+  enforce_max_resident();
+  return used;
+}
+
+at::Tensor activation_manager::alias_in_use(const saved& handle) {
+  handle.entry_->last_use = now_seconds();
+  return handle.alias_.detach();
+}
+
+void activation_manager::wait_for_copy_back(entry& e) {
   if (e.copy) {  // a copy back (prefetched or not) still in flight
     c10::cuda::getCurrentCUDAStream(e.device.index()).unwrap().wait(*e.copy);
     e.copy.reset();
   }
-  enforce_max_resident();
-  return used;
 }
 
 void activation_manager::enforce_max_resident() {

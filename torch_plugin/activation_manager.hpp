@@ -302,6 +302,9 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   double segment_cost(segment& s, int depth);  // with the dropped segments it needs first
   double measured_cost(segment& s);            // its forward's time (so far, if it runs)
   void prefetch_before(std::uint64_t seq);
+  at::Tensor read_for_replay(const saved& handle);  // a replay's input: unpack without autograd's part
+  static at::Tensor alias_in_use(const saved& handle);  // a fresh alias; a use of the entry
+  static void wait_for_copy_back(entry& e);  // the current stream waits for e's copy back
   // e, restored ahead, goes unread: counted; evicted (the room ran out), the depth backs off.
   void prefetch_wasted(entry& e, bool evicted) noexcept;
   bool room_to_prefetch(const entry& e) const;

@@ -74,8 +74,14 @@ struct activation_manager::segment {
   bool replayable = true;
   // Every pack while it ran, in order (nullopt: kept as it is). Weak references: they do not keep
   // a storage's memory, but they keep its StorageImpl's address from being reused by another
-  // storage, whose entry a replay would otherwise take for this segment's and refill.
-  std::vector<std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>>> saved;
+  // storage, whose entry a replay would otherwise take for this segment's and refill. With the
+  // entry's seq: the same storage registered again (its entry let go, then saved by another
+  // segment) is a new entry, not this segment's to refill.
+  struct saved_storage {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    std::uint64_t seq = 0;
+  };
+  std::vector<std::optional<saved_storage>> saved;
   // What it returned (end_segment; nullopt: no storage, or no version counter), with each
   // tensor's version then: a tensor modified in place since is not what a replay returns, and
   // takes no lineage from it.

@@ -171,7 +171,7 @@ void activation_manager::make_resident(entry& e) {
       stack.push_back(frame_for(producer));  // `f` is not used after this
       continue;
     }
-    f.inputs[index] = in.held ? unpack(*in.held) : in.kept;  // a spilled one is copied back
+    f.inputs[index] = in.held ? read_for_replay(*in.held) : in.kept;  // a spilled one is copied back
     ++f.next;
     f.replayed_producer = false;
   }
@@ -205,7 +205,9 @@ void activation_manager::recompute(segment& s, bool nested, std::vector<at::Tens
                              "recomputed (the replay would start from other bytes)");
   }
   // What it saved, then what it returned: the entries a replay refills, in the order it gives
-  // them. A storage that is gone has no entry; one that lives is this segment's (see segment).
+  // them. A storage that is gone has no entry. One that lives may have been let go and
+  // registered again since, a new entry with other bytes: a save's entry is the one it saved
+  // (its seq), an output's one whose lineage is this segment.
   const auto entry_of = [this](const c10::weak_intrusive_ptr<c10::StorageImpl>& weak) -> entry* {
     if (c10::intrusive_ptr<c10::StorageImpl> storage = weak.lock()) {
       auto it = entries_.find(storage.get());
@@ -214,9 +216,13 @@ void activation_manager::recompute(segment& s, bool nested, std::vector<at::Tens
     return nullptr;
   };
   std::vector<entry*> members;
-  for (const auto& weak : s.saved) members.push_back(weak ? entry_of(*weak) : nullptr);
+  for (const auto& saved : s.saved) {
+    entry* e = saved ? entry_of(saved->storage) : nullptr;
+    members.push_back(e != nullptr && e->seq == saved->seq ? e : nullptr);
+  }
   for (const auto& output : s.outputs) {
-    members.push_back(output.first ? entry_of(*output.first) : nullptr);
+    entry* e = output.first ? entry_of(*output.first) : nullptr;
+    members.push_back(e != nullptr && e->lineage.get() == &s ? e : nullptr);
   }
   std::vector<entry*> refilled;  // pinned until the end: the refill's allocations may evict
   refilled.reserve(members.size());  // first: once users are counted, nothing may throw before
@@ -317,6 +323,7 @@ void activation_manager::recompute(segment& s, bool nested, std::vector<at::Tens
     }
     e->storage.set_nbytes(e->nbytes);
     e->state = entry_state::resident;
+    e->last_use = detail::now_seconds();  // made now, as a copy back's is: not the stalest victim
     became_resident(*e);
     ++e->pins;
     refilled.push_back(e);
@@ -434,9 +441,9 @@ void activation_manager::end_segment(double host_seconds, const std::vector<at::
   s->replayable = inputs_unchanged(*s);
   // Its saved storages' bytes are, from now on, what its replay gives back; none, if it cannot
   // replay (one dropped already makes its replay fail clearly: see recompute).
-  for (const auto& weak : s->saved) {
-    if (!weak) continue;
-    if (c10::intrusive_ptr<c10::StorageImpl> storage = weak->lock()) {
+  for (const auto& saved : s->saved) {
+    if (!saved) continue;
+    if (c10::intrusive_ptr<c10::StorageImpl> storage = saved->storage.lock()) {
       auto it = entries_.find(storage.get());
       if (it != entries_.end() && it->second->lineage == s) {
         it->second->lineage_version =

@@ -1,11 +1,13 @@
 // libtorch_activations.cpp: the contract is in libtorch_activations.hpp.
 #include "libtorch_activations.hpp"
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <typeinfo>
 #include <mutex>
@@ -17,6 +19,51 @@ namespace spillway::torch_plugin {
 namespace {
 
 thread_local activation_scope* innermost = nullptr;
+
+// The autocast state a segment runs under, per device type and the cache. Its replay runs in
+// backward, outside the first run's autocast: it must cast as that run did, or it computes other
+// bytes (another dtype: a size mismatch; the same size: silently different values).
+struct autocast_state {
+  static constexpr std::array<at::DeviceType, 2> devices{at::kCPU, at::kCUDA};
+  std::array<bool, 2> enabled{};
+  std::array<at::ScalarType, 2> dtype{};
+  bool cache = true;
+  static autocast_state now() {
+    autocast_state s;
+    for (std::size_t i = 0; i < devices.size(); ++i) {
+      s.enabled[i] = at::autocast::is_autocast_enabled(devices[i]);
+      s.dtype[i] = at::autocast::get_autocast_dtype(devices[i]);
+    }
+    s.cache = at::autocast::is_autocast_cache_enabled();
+    return s;
+  }
+  void set() const {
+    for (std::size_t i = 0; i < devices.size(); ++i) {
+      at::autocast::set_autocast_enabled(devices[i], enabled[i]);
+      at::autocast::set_autocast_dtype(devices[i], dtype[i]);
+    }
+    at::autocast::set_autocast_cache_enabled(cache);
+  }
+};
+
+// Puts `state` in force for a scope, as a nest of torch.autocast blocks would, and the state it
+// found back after it (its cast cache cleared when the outermost autocast scope ends).
+class autocast_scope {
+ public:
+  explicit autocast_scope(const autocast_state& state) : before_(autocast_state::now()) {
+    state.set();
+    at::autocast::increment_nesting();
+  }
+  ~autocast_scope() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    before_.set();
+  }
+  autocast_scope(const autocast_scope&) = delete;
+  autocast_scope& operator=(const autocast_scope&) = delete;
+
+ private:
+  autocast_state before_;
+};
 
 // While a checkpoint segment is replayed on this thread, what it saves is collected here instead,
 // up to `stop_after` saves (segment_replay), where the pack hook throws replay_stopped (and again
@@ -147,10 +194,24 @@ at::Tensor checkpoint(const segment_function& fn, const std::vector<at::Tensor>&
   // The inputs are the manager's to hold (evictable, and handed back resident): not captured.
   std::vector<bool> requires_grad;
   for (const at::Tensor& t : inputs) requires_grad.push_back(t.defined() && t.requires_grad());
-  segment_replay replay = [fn, requires_grad, keep](const std::vector<at::Tensor>& resident,
-                                                    std::optional<std::size_t> stop_after) {
+  segment_replay replay = [fn, requires_grad, keep, cast = autocast_state::now()](
+                              const std::vector<at::Tensor>& resident,
+                              std::optional<std::size_t> stop_after) {
     std::vector<at::Tensor> kept_values;
     for (const at::Tensor& t : keep) kept_values.push_back(t.detach().clone());
+    // `keep` is put back however the replay ends (a stop, an error, out of memory).
+    struct kept_back {
+      const std::vector<at::Tensor>& keep;
+      const std::vector<at::Tensor>& values;
+      ~kept_back() {
+        at::NoGradGuard no_grad;
+        try {
+          for (std::size_t i = 0; i < keep.size(); ++i) keep[i].detach().copy_(values[i]);
+        } catch (...) {  // a destructor cannot fail: a copy of the state that failed stays as the replay left it
+        }
+      }
+    } put_back{keep, kept_values};
+    const autocast_scope casting(cast);  // backward runs it outside the first run's autocast
     std::vector<at::Tensor> detached;
     for (std::size_t i = 0; i < resident.size(); ++i) {
       const at::Tensor& t = resident[i];
@@ -171,8 +232,6 @@ at::Tensor checkpoint(const segment_function& fn, const std::vector<at::Tensor>&
       run.stopped = true;
       run.outputs.clear();
     }
-    at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < keep.size(); ++i) keep[i].detach().copy_(kept_values[i]);
     return run;
   };
   manager->begin_segment(std::move(replay), std::move(cuda_devices), inputs);

@@ -67,6 +67,7 @@ import threading
 import time
 
 import torch
+from torch.utils import _pytree
 
 from . import _C
 
@@ -109,6 +110,26 @@ def _running_stats_kept(modules):
                                   (m.num_batches_tracked, count)):
                     if live is not None:
                         live.copy_(old)
+
+
+def _autocast_state():
+    """The autocast state a segment runs under (per device type, and the cache): its replay, run
+    by backward outside the autocast block, must cast as the first run did, or it computes other
+    bytes (another dtype: a size mismatch; the same size: silently different values)."""
+    return ([(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda")],
+            torch.is_autocast_cache_enabled())
+
+
+@contextlib.contextmanager
+def _autocast_as(state):
+    """Runs its body under `state` (_autocast_state), as torch.autocast blocks would."""
+    kinds, cache = state
+    with contextlib.ExitStack() as stack:
+        for device, enabled, dtype in kinds:
+            if enabled or torch.is_autocast_enabled(device):  # no CUDA needed to leave it off
+                stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled,
+                                                   cache_enabled=cache))
+        yield
 
 
 def _size_argument(name, value):
@@ -183,13 +204,16 @@ class ActivationManager:
     # --- checkpoint segments ------------------------------------------------------------------
 
     def run_segment(self, fn, args, kwargs):
-        devices = sorted({a.device.index or 0 for a in args
+        # Every tensor argument, in kwargs and inside tuples, lists and dicts too, is the
+        # manager's to hold (evictable like saved activations, checked for in-place changes,
+        # and handed back resident to the replay): the replay must not keep them alive itself.
+        flat, spec = _pytree.tree_flatten((args, kwargs))
+        devices = sorted({a.device.index or 0 for a in flat
                           if isinstance(a, torch.Tensor) and a.is_cuda})
-        # The tensor arguments are the manager's to hold (evictable like saved activations, and
-        # handed back resident to the replay): the replay must not keep them alive itself.
-        at = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        grads = [args[i].requires_grad for i in at]
-        others = [None if isinstance(a, torch.Tensor) else a for a in args]
+        at = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+        grads = [flat[i].requires_grad for i in at]
+        others = [None if isinstance(a, torch.Tensor) else a for a in flat]
+        autocast = _autocast_state()
 
         def replay(resident, stop_after):
             # stop_after: nothing after that many saves is wanted (None: all, and the outputs);
@@ -212,15 +236,17 @@ class ActivationManager:
             def unpack(i):  # a backward the segment runs itself (a gradient penalty)
                 return recorded[i]
 
-            inputs = list(others)
+            leaves = list(others)
             for i, t, g in zip(at, resident, grads):
-                inputs[i] = t.detach().requires_grad_(g)
+                leaves[i] = t.detach().requires_grad_(g)
             del resident
+            replay_args, replay_kwargs = _pytree.tree_unflatten(leaves, spec)
+            del leaves
             try:
-                with _running_stats_kept(_batch_norms(fn)), \
+                with _running_stats_kept(_batch_norms(fn)), _autocast_as(autocast), \
                         torch.autograd.graph.saved_tensors_hooks(record, unpack), \
                         torch.enable_grad():
-                    out = [t.detach() for t in _tensors_of(fn(*inputs, **kwargs))]
+                    out = [t.detach() for t in _tensors_of(fn(*replay_args, **replay_kwargs))]
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException:
@@ -230,7 +256,8 @@ class ActivationManager:
                 return recorded, [], True
             return recorded, out, False  # the outputs without the replay's graph
 
-        self._m.begin_segment(replay, devices, [args[i] for i in at])
+        self._m.begin_segment(replay, devices, [flat[i] for i in at])
+        del flat
         start = time.perf_counter()
         # Its outputs, so that the next segment's input (or a save after it) can be dropped and
         # recomputed by this one's replay. Whatever fails before end_segment (the run, or memory
@@ -286,6 +313,10 @@ def _current_manager():
 def checkpoint(fn, *args, **kwargs):
     """Runs fn(*args, **kwargs) recording it as lineage: its saved activations may be dropped under
     pressure and are recomputed on unpack (torch.utils.checkpoint, by contrast, always recomputes).
+    Every tensor in args and kwargs (inside tuples, lists and dicts too) is an input of the
+    segment, held and checked for in-place changes; a replay runs under the autocast state the
+    first run had, and keeps the running statistics of the BatchNorm modules of fn (a Module, or
+    a bound method of one; others' statistics are updated again by a replay).
     Inside spillway.activations() it uses that manager; outside, it behaves like fn."""
     manager = _current_manager()
     if manager is None:
