@@ -13,6 +13,7 @@
 #include <c10/util/Exception.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <future>
 #include <memory>
 #include <stdexcept>
@@ -134,6 +135,13 @@ TEST_CASE("out of memory: c10::OutOfMemoryError, observers called, nothing chang
   CHECK(trace[1].action_ == TraceAction::OOM);
   CHECK(trace[1].size_ == 64 * MiB);    // what PyTorch's memory viewer prints as requested
   CHECK(trace[1].addr_ == seen_free);  // PyTorch writes the device's free memory there
+  // time_us, as PyTorch's snapshot() gives it: microseconds since the epoch, not clock ticks.
+  const auto now_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
+  for (const auto& entry : trace) {
+    CHECK(std::llabs(static_cast<long long>(entry.time_.t_) - static_cast<long long>(now_us)) <
+          60'000'000);
+  }
 
   // A request over what any device could hold is out of memory too, as in PyTorch.
   try {
@@ -337,10 +345,20 @@ TEST_CASE("getBaseAllocation and foreign pointers") {
   CHECK_THROWS_AS(a->getBaseAllocation(&local, &size), c10::Error);
   CHECK_THROWS_AS(a->raw_delete(&local), c10::Error);
   const auto before = a->getDeviceStats(0);
-  CHECK_FALSE(a->release(&local));
+  CHECK(a->release(&local) == spillway::free_result::foreign);
   CHECK(a->getDeviceStats(0).allocated_bytes[0].current == before.allocated_bytes[0].current);
   a->raw_delete(p);
   a->raw_delete(q);
+  // Freed twice: an error, as PyTorch's raw_delete raises for an invalid device pointer (the
+  // DataPtr deleter, which cannot throw, only reports it). Nothing changes.
+  const auto freed = a->getDeviceStats(0);
+  try {
+    a->raw_delete(q);
+    FAIL("no exception");
+  } catch (const c10::Error& e) {
+    CHECK(std::string(e.what_without_backtrace()).find("not a live allocation") != std::string::npos);
+  }
+  CHECK(a->getDeviceStats(0).allocated_bytes[0].current == freed.allocated_bytes[0].current);
 }
 
 TEST_CASE("expandable segments are listed per stream") {
@@ -371,6 +389,14 @@ TEST_CASE("unsupported features raise NotImplementedError naming the feature") {
   CHECK(message([&] { a->getCheckpointState(0, {1, 1}); }).find("getCheckpointState") !=
         std::string::npos);
   CHECK(message([&] { a->setCheckpointPoolState(0, nullptr); }).find("setCheckpointPoolState") !=
+        std::string::npos);
+  // torch.cuda.MemPool's calls (PyTorch's defaults raised RuntimeError, not naming spillway's limit).
+  CHECK(message([&] { a->createOrIncrefPool(0, {1, 1}, nullptr); }).find("createOrIncrefPool") !=
+        std::string::npos);
+  CHECK(message([&] { a->getPoolUseCount(0, {1, 1}); }).find("getPoolUseCount") != std::string::npos);
+  CHECK(message([&] { a->setUseOnOOM(0, {1, 1}, true); }).find("setUseOnOOM") != std::string::npos);
+  CHECK(message([&] { a->setNoSplit(0, {1, 1}); }).find("setNoSplit") != std::string::npos);
+  CHECK(message([&] { a->checkPoolLiveAllocations(0, {1, 1}, {}); }).find("checkPoolLiveAllocations") !=
         std::string::npos);
   a->endAllocateToPool(0, {1, 1});  // never begun: nothing to do, no error
   a->releasePool(0, {1, 1});

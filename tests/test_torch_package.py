@@ -231,6 +231,17 @@ class Package(unittest.TestCase):
         out = self.check_env(show, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
                              conf="expandable_segments:False")
         self.assertTrue(out.startswith("False []"), out)
+        # max_split_size_mb counts oversize blocks, listed by spillway.stats() under
+        # torch.cuda.memory_stats()'s keys.
+        out = self.check_env('''
+        import spillway, spillway._C as C
+        spillway.install(backend="sim", sim_capacity="1GiB")
+        p = C.raw_alloc(40 << 20)
+        s = spillway.stats()
+        print(s["max_split_size"], s["oversize_allocations.current"], s["oversize_segments.current"])
+        C.raw_free(p)
+        ''', {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:32"})
+        self.assertEqual(out.split(), [str(32 << 20), "1", "1"])
         # A bad value of a shared key fails at install, naming PyTorch's variable.
         rc, out, err = run("import spillway; spillway.install(backend='sim')",
                            extra_env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:lots"})

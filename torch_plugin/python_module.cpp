@@ -77,6 +77,16 @@ py::dict stats_dict(const memory_stats& s) {
   put("active_bytes", s.active_bytes);
   put("inactive_split_bytes", s.inactive_split_bytes);
   put("requested_bytes", s.requested_bytes);
+  // One stat each, not per pool, as torch.cuda.memory_stats() lists them.
+  auto put_one = [&](const std::string& name, const spillway::stat& one) {
+    d[py::str(name + ".current")] = one.current;
+    d[py::str(name + ".peak")] = one.peak;
+    d[py::str(name + ".allocated")] = one.allocated;
+    d[py::str(name + ".freed")] = one.freed;
+  };
+  put_one("oversize_allocations", s.oversize_allocations);
+  put_one("oversize_segments", s.oversize_segments);
+  d["max_split_size"] = s.max_split_size;
   d["num_alloc_retries"] = s.num_alloc_retries;
   d["num_ooms"] = s.num_ooms;
   d["num_sync_all_streams"] = s.num_sync_all_streams;
@@ -345,6 +355,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("raw_free", [](std::uintptr_t ptr) {
     torch_allocator& a = require_installed("raw_free");
     py::gil_scoped_release no_gil;
-    return a.release(reinterpret_cast<void*>(ptr));
+    return a.release(reinterpret_cast<void*>(ptr)) != free_result::foreign;
   });
 }

@@ -149,7 +149,7 @@ void* torch_allocator::raw_alloc_with_stream(size_t nbytes, cudaStream_t stream)
                      stream_ref{reinterpret_cast<std::uintptr_t>(stream)});
 }
 
-bool torch_allocator::release(void* ptr) noexcept {
+free_result torch_allocator::release(void* ptr) noexcept {
   // With history or trackers, the free request is recorded before the memory can be reused (a
   // new allocation at the same address must not lose its context to this free's record), with
   // the allocation's requested size and stream, as PyTorch's allocator records it; that needs
@@ -159,7 +159,7 @@ bool torch_allocator::release(void* ptr) noexcept {
   if (history_.active()) {
     holder = devices_->owner_of(ptr);
     if (holder == nullptr) holder = devices_->holder_of(ptr);
-    if (holder == nullptr) return false;
+    if (holder == nullptr) return free_result::foreign;
     try {
       const allocation_info info = holder->describe(ptr);  // not live (a double free): no record
       history_.record(TraceEntry::FREE_REQUESTED, static_cast<c10::DeviceIndex>(holder->device()),
@@ -170,26 +170,33 @@ bool torch_allocator::release(void* ptr) noexcept {
     }
   }
   const free_result result = devices_->deallocate(ptr, &holder);  // a double free is reported there
-  if (result == free_result::foreign) return false;
+  if (result == free_result::foreign) return result;
   try {
     if (!enabled_) holder->empty_cache();
   } catch (...) {
   }
-  return true;
+  return result;
 }
 
 void torch_allocator::raw_delete(void* ptr) {
   if (ptr == nullptr) return;
-  TORCH_CHECK(release(ptr), "spillway: raw_delete(", format_pointer(ptr),
+  const free_result result = release(ptr);
+  TORCH_CHECK(result != free_result::foreign, "spillway: raw_delete(", format_pointer(ptr),
               "): not memory of this allocator (invalid device pointer)");
+  // As PyTorch's raw_delete: a pointer that is not a live allocation is an error, not a warning.
+  TORCH_CHECK(result != free_result::invalid, "spillway: raw_delete(", format_pointer(ptr),
+              "): not a live allocation (freed already?): invalid device pointer");
 }
 
 void delete_tensor_memory(void* ptr) noexcept {
   if (ptr == nullptr) return;
-  if (torch_allocator* a = installed_allocator.load(); a != nullptr && a->release(ptr)) return;
+  if (torch_allocator* a = installed_allocator.load();
+      a != nullptr && a->release(ptr) != free_result::foreign) {
+    return;
+  }
   std::lock_guard lock(live_mutex);
   for (torch_allocator* a : live_allocators) {
-    if (a->release(ptr)) return;
+    if (a->release(ptr) != free_result::foreign) return;
   }
   std::cerr << "spillway: a tensor's deleter was given " << format_pointer(ptr)
             << ", which no spillway allocator holds; nothing was freed\n";
@@ -342,6 +349,29 @@ void torch_allocator::beginAllocateToPool(c10::DeviceIndex, c10::MempoolId_t,
 
 void torch_allocator::endAllocateToPool(c10::DeviceIndex, c10::MempoolId_t) {}  // never begun
 void torch_allocator::releasePool(c10::DeviceIndex, c10::MempoolId_t) {}        // never begun
+
+namespace {
+[[noreturn]] void no_mem_pools(const char* call) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "spillway does not support private memory pools (", call,
+                              "): torch.cuda.MemPool needs PyTorch's own allocator");
+}
+}  // namespace
+
+int torch_allocator::getPoolUseCount(c10::DeviceIndex, c10::MempoolId_t) {
+  no_mem_pools("getPoolUseCount");
+}
+void torch_allocator::createOrIncrefPool(c10::DeviceIndex, c10::MempoolId_t,
+                                         std::shared_ptr<CUDAAllocator>) {
+  no_mem_pools("createOrIncrefPool");
+}
+void torch_allocator::setUseOnOOM(c10::DeviceIndex, c10::MempoolId_t, bool) {
+  no_mem_pools("setUseOnOOM");
+}
+void torch_allocator::setNoSplit(c10::DeviceIndex, c10::MempoolId_t) { no_mem_pools("setNoSplit"); }
+bool torch_allocator::checkPoolLiveAllocations(c10::DeviceIndex, c10::MempoolId_t,
+                                               const std::unordered_set<void*>&) {
+  no_mem_pools("checkPoolLiveAllocations");
+}
 
 c10::cuda::CUDACachingAllocator::ShareableHandle torch_allocator::shareIpcHandle(void*) {
   TORCH_CHECK_NOT_IMPLEMENTED(false,

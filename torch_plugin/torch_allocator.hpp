@@ -64,9 +64,9 @@ class torch_allocator final : public c10::cuda::CUDACachingAllocator::CUDAAlloca
   device_allocator& device(c10::DeviceIndex index) { return devices_->device(index); }
   const plugin_config& config() const noexcept { return config_; }
 
-  // Frees `ptr` if this allocator holds it (a double free is reported, nothing changes); false
-  // when the memory is not this allocator's. For the DataPtr deleter.
-  bool release(void* ptr) noexcept;
+  // Frees `ptr` if this allocator holds it (a double free is reported, nothing changes: invalid);
+  // foreign when the memory is not this allocator's. For the DataPtr deleter and raw_delete.
+  free_result release(void* ptr) noexcept;
 
   // Memory of `device` on `stream`, as allocate() gives it without a DataPtr (size 0: nullptr);
   // out of memory is c10::OutOfMemoryError after the OOM observers ran. For allocators of other
@@ -107,6 +107,14 @@ class torch_allocator final : public c10::cuda::CUDACachingAllocator::CUDAAlloca
                            std::function<bool(cudaStream_t)> filter) override;
   void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
   void releasePool(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  // torch.cuda.MemPool's calls: NotImplementedError naming each, as beginAllocateToPool's.
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                          std::shared_ptr<CUDAAllocator> allocator) override;
+  void setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) override;
+  void setNoSplit(c10::DeviceIndex device, c10::MempoolId_t mempool_id) override;
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                                const std::unordered_set<void*>& expected_live_allocations) override;
   c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void* ptr) override;
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override;
   bool isHistoryEnabled() override;

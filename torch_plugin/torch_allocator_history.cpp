@@ -110,7 +110,10 @@ std::vector<TraceEntry> allocation_history::entries(c10::DeviceIndex device) con
   std::lock_guard lock(mutex_);
   auto it = rings_.find(device);
   if (it == rings_.end()) return {};
-  return {it->second.begin(), it->second.end()};
+  std::vector<TraceEntry> out(it->second.begin(), it->second.end());
+  const auto to_ns = clock_.makeConverter();
+  for (TraceEntry& e : out) e.time_.t_ = to_ns(e.time_.approx_t_) / 1000;  // time_us
+  return out;
 }
 
 std::shared_ptr<c10::GatheredContext> allocation_history::context_of(const void* ptr) const {

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/util/ApproximateClock.h>
 
 #include <atomic>
 #include <cstddef>
@@ -60,6 +61,9 @@ class allocation_history {
                   void* stream, std::shared_ptr<c10::GatheredContext> context);
 
   mutable std::mutex mutex_;
+  // Entries are stamped with the approximate (TSC) clock, as PyTorch's are; entries() gives them
+  // in microseconds since the epoch, as PyTorch's snapshot() does (time_us).
+  mutable c10::ApproximateClockToUnixTimeConverter clock_;
   std::atomic<bool> active_{false};  // enabled_ || !trackers_.empty()
   bool enabled_ = false;
   // Read without the mutex by record(), which calls the recorder outside it.
