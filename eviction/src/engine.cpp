@@ -276,9 +276,7 @@ buffer_id eviction_engine::register_buffer(void* ptr, std::size_t size, stream_r
   e->device_ptr = ptr;
   e->size = size;
   e->stream = stream;
-  e->small_pool = info.size <= size_classes::small_size;
-  e->segment_size = info.segment_size;
-  e->whole_segment = info.size == info.segment_size;
+  impl::note_block(*e, info);
   e->evictable = options.evictable;
   e->mode = options.mode;
   e->last_access_ns = m.now();
@@ -470,12 +468,15 @@ void eviction_engine::impl::unpin_locked(buffer_entry& e) noexcept {
 // all of it (then evicting e gives the segment back; dtr-frag looks for such victims), and its
 // pool, by the block's size as at registration (a buffer smaller than its first block may land
 // in the other pool).
+void eviction_engine::impl::note_block(buffer_entry& e, const allocation_info& info) noexcept {
+  e.small_pool = info.size <= size_classes::small_size;
+  e.segment_size = info.segment_size;
+  e.whole_segment = info.size == info.segment_size;
+}
+
 void eviction_engine::impl::note_block_locked(buffer_entry& e) noexcept {
   try {
-    const allocation_info info = allocator.describe(e.device_ptr);
-    e.small_pool = info.size <= size_classes::small_size;
-    e.segment_size = info.segment_size;
-    e.whole_segment = info.size == info.segment_size;
+    note_block(e, allocator.describe(e.device_ptr));
   } catch (...) {  // cannot happen: the block is live
     e.segment_size = 0;
     e.whole_segment = false;

@@ -111,6 +111,8 @@ struct eviction_engine::impl {
   void note_access_locked(std::span<detail::buffer_entry* const> entries);
   void unpin_locked(detail::buffer_entry& e) noexcept;
   void update_candidacy_locked(detail::buffer_entry& e);
+  // e's block is the one `info` describes (at registration; note_block_locked asks the allocator).
+  static void note_block(detail::buffer_entry& e, const allocation_info& info) noexcept;
   void note_block_locked(detail::buffer_entry& e) noexcept;
   void attach_output_locked(detail::buffer_entry& e, detail::node_entry& n, std::uint32_t index);
   void detach_output_locked(detail::buffer_entry& e) noexcept;
