@@ -89,6 +89,21 @@ TEST_CASE("no prediction without steps, in the first step, or with predict_next_
   }
 }
 
+TEST_CASE("a recorded step that registered buffers and read none: no prediction, no span to reach past") {
+  engine_env env;
+  lineage_graph g(env);
+  env.eng().begin_step();
+  const buffer_id a = g.source(k_bytes);  // registered, never pinned
+  env.sim->run_until_idle();
+  env.eng().begin_step();
+  const buffer_id b = g.source(k_bytes);  // a's key in this step: "not read again in the step"
+  env.sim->run_until_idle();
+  CHECK(std::isnan(next_use(env, b)));  // before the step's first read: the record has no times
+  CHECK(std::isnan(next_use(env, a)));  // of the step before: never predicted
+  touch(env, b);  // a read the record does not show: predictions for b end
+  CHECK(std::isnan(next_use(env, b)));
+}
+
 TEST_CASE("the second step: each buffer's next read, timed as the recorded step ran") {
   engine_env env;
   lineage_graph g(env);

@@ -277,6 +277,25 @@ TEST_CASE("pin(id, use): work on `use` keeps the block, and a spill copies what 
     env.sim->run_until_idle();
     overwrite_elsewhere(env, s, use, ptr);
   }
+  SUBCASE("a write on `use` while pinned is what a recompute of a consumer reads") {
+    REQUIRE(env.eng().evict(y, eviction_mode::drop));
+    const std::vector<std::uint64_t> garbage(64 * KiB / 8, 0xdeadbeef);
+    const auto golden = g.at(x).golden;
+    env.sim->hold(use);
+    {
+      pinned_buffer p = env.eng().pin(x, use);
+      void* ptr = p.get();
+      env.sim->launch(s, 100, [ptr, &garbage] { std::memcpy(ptr, garbage.data(), 64 * KiB); });
+      env.sim->synchronize_stream(s);
+      // x's bytes come back on `use`, long after anything on s that would not wait for it.
+      env.sim->launch(use, 1'000'000, [ptr, golden] { std::memcpy(ptr, golden->data(), 64 * KiB); });
+    }
+    {
+      pinned_buffer py = env.eng().pin(y);  // recomputed from x on s: its kernel checks x
+    }
+    env.sim->release(use);
+    env.sim->run_until_idle();
+  }
   SUBCASE("a write on `use` while pinned is what the spill saves") {
     std::vector<std::uint64_t> updated(64 * KiB / 8);
     for (std::size_t w = 0; w < updated.size(); ++w) updated[w] = mix_word(4711, 0, w);

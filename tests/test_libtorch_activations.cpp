@@ -372,6 +372,52 @@ TEST_CASE("a replay that saves one storage where the first run saved two refills
   CHECK(at::equal(kept, at::full({n}, 7.0f)));
 }
 
+TEST_CASE("a storage refilled by a copy is allocated once") {
+  // As above, with the saved storages' memory from a counting allocator: b and c are refilled by
+  // copies, a takes the replay's memory. A view made before the storage has its size again
+  // resized it, allocating twice (the first block freed at once: twice the memory at that moment).
+  struct counting final : c10::Allocator {
+    int calls = 0;
+    c10::DataPtr allocate(std::size_t n) override {
+      ++calls;
+      return c10::GetDefaultCPUAllocator()->allocate(n);
+    }
+    c10::DeleterFnPtr raw_deleter() const override { return c10::GetDefaultCPUAllocator()->raw_deleter(); }
+    void copy_data(void* dest, const void* src, std::size_t count) const override {
+      std::memcpy(dest, src, count);
+    }
+  } memory;
+  constexpr std::int64_t n = 1024;
+  const auto counted = [&memory](float value) {
+    c10::Storage st(c10::Storage::use_byte_size_t(), n * sizeof(float), &memory, /*resizable=*/true);
+    return at::empty({0}).set_(st, 0, {n}, {1}).fill_(value);
+  };
+  auto manager = activation_manager::make(drop_when_asked());
+  const at::Tensor kept = at::full({n}, 7.0f);
+  manager->begin_segment([kept](const std::vector<at::Tensor>&, std::optional<std::size_t>) {
+    at::Tensor t = at::full({n}, 5.0f);
+    at::Tensor alias = at::empty({0}).set_(t.storage(), 0, {n}, {1});
+    return segment_run{{t, alias, kept}, {}};
+  }, {}, {});
+  std::shared_ptr<activation_manager::saved> ha, hb, hc;
+  {
+    at::Tensor a = counted(5.0f), b = counted(5.0f), c = counted(7.0f);
+    ha = manager->pack(a);
+    hb = manager->pack(b);
+    hc = manager->pack(c);
+  }
+  manager->end_segment(1e-3);
+  REQUIRE(manager->evict(std::size_t{1} << 30).first == 3 * n * sizeof(float));
+  memory.calls = 0;
+  at::Tensor a = manager->unpack(*ha);
+  at::Tensor b = manager->unpack(*hb);
+  at::Tensor c = manager->unpack(*hc);
+  CHECK(manager->stats().recompute_moves == 1);
+  CHECK(memory.calls == 2);  // b's and c's blocks, once each
+  CHECK(at::equal(b, at::full({n}, 5.0f)));
+  CHECK(at::equal(c, at::full({n}, 7.0f)));
+}
+
 TEST_CASE("a resident storage of a segment may be evicted while that segment is replayed") {
   // The replay reads only the segment's inputs: its other storages need not stay resident for it
   // (they did, pinned: memory a replay under pressure could not use). One evicted meanwhile is

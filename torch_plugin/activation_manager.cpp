@@ -350,10 +350,14 @@ at::Tensor activation_manager::alias_in_use(const saved& handle) {
 }
 
 void activation_manager::wait_for_copy_back(entry& e) {
-  if (e.copy) {  // a copy back (prefetched or not) still in flight
-    c10::cuda::getCurrentCUDAStream(e.device.index()).unwrap().wait(*e.copy);
+  if (!e.copy) return;
+  if (e.copy->query()) {  // landed: nothing left to order after
     e.copy.reset();
+    return;
   }
+  // Still in flight: this stream waits, and the event stays for the next unpack of the storage,
+  // which may come on another stream (a storage saved by two ops).
+  c10::cuda::getCurrentCUDAStream(e.device.index()).unwrap().wait(*e.copy);
 }
 
 void activation_manager::enforce_max_resident() {

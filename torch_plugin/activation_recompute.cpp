@@ -2,6 +2,7 @@
 // cost) and the replay that refills their dropped storages. Contract: activation_manager.hpp.
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
@@ -313,11 +314,17 @@ void activation_manager::recompute(segment& s, bool nested, std::vector<at::Tens
       ++counters_.recompute_moves;
     } else {
       const c10::Storage& from = taken == taken_by.end() ? fresh[i].storage() : taken->second->storage;
-      e->storage.set_data_ptr_noswap(e->storage.allocator()->allocate(e->nbytes));
+      {
+        const c10::OptionalDeviceGuard on_its_device(e->device);  // allocators serve the current one
+        e->storage.set_data_ptr_noswap(e->storage.allocator()->allocate(e->nbytes));
+      }
+      // Its size before the view: a view past a storage's size resizes it (a second allocation).
+      e->storage.set_nbytes(e->nbytes);
       try {
         byte_view(e->storage, e->nbytes).copy_(byte_view(from, e->nbytes));
       } catch (...) {
         e->storage.set_data_ptr_noswap(at::DataPtr(nullptr, e->device));
+        e->storage.set_nbytes(0);  // dropped, as it was
         throw;
       }
     }

@@ -3,6 +3,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/Functions.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -181,7 +182,12 @@ void activation_manager::copy_out(entry& e, at::Tensor host) {
 
 
 void activation_manager::copy_in(entry& e, bool keep_host) {
-  e.storage.set_data_ptr_noswap(e.storage.allocator()->allocate(e.nbytes));
+  {
+    // Allocators serve the current device: the storage's, not the caller's (a prefetch on
+    // another device's backward, a multi-device segment).
+    const c10::OptionalDeviceGuard on_its_device(e.device);
+    e.storage.set_data_ptr_noswap(e.storage.allocator()->allocate(e.nbytes));
+  }
   e.storage.set_nbytes(e.nbytes);
   std::optional<c10::cuda::CUDAStream> queued;  // the stream of a copy queued into the block
   try {

@@ -6,21 +6,27 @@
 namespace spillway::eviction::detail {
 
 // The record becomes the profile: its reads, sorted by key with a counting sort (the record is in
-// event order, so each key's events come out ascending), and its event times and key sizes.
+// event order, so each key's events come out ascending), and its event times and key sizes. Built
+// aside and swapped in: a step whose memory runs out keeps the last profile whole (Note [Host out
+// of memory]).
 void access_profile::begin_step(std::uint64_t now_ns) {
   if (steps_ > 0) {
     const std::size_t keys = record_.sizes.size();
-    profile_.first.assign(keys + 1, 0);
-    for (std::uint64_t r : record_.reads) ++profile_.first[(r >> 32) + 1];
-    for (std::size_t k = 0; k < keys; ++k) profile_.first[k + 1] += profile_.first[k];
-    scratch_.assign(profile_.first.begin(), profile_.first.end() - 1);
-    profile_.events.resize(record_.reads.size());
+    std::vector<std::uint32_t> first(keys + 1, 0);
+    for (std::uint64_t r : record_.reads) ++first[(r >> 32) + 1];
+    for (std::size_t k = 0; k < keys; ++k) first[k + 1] += first[k];
+    scratch_.assign(first.begin(), first.end() - 1);
+    std::vector<std::uint32_t> events(record_.reads.size());
     for (std::uint64_t r : record_.reads) {
-      profile_.events[scratch_[r >> 32]++] = static_cast<std::uint32_t>(r & 0xffffffffu);
+      events[scratch_[r >> 32]++] = static_cast<std::uint32_t>(r & 0xffffffffu);
     }
+    std::vector<bool> diverged(keys, false);
+    // Nothing below allocates.
+    profile_.first.swap(first);
+    profile_.events.swap(events);
     std::swap(profile_.event_ns, record_.event_ns);
     std::swap(profile_.sizes, record_.sizes);
-    diverged_.assign(profile_.sizes.size(), false);
+    diverged_.swap(diverged);
   }
   record_.event_ns.clear();
   record_.reads.clear();
@@ -78,6 +84,7 @@ double access_profile::distance_ns(std::uint32_t next_read) const noexcept {
   if (next_read == no_event || (started && event_ >= recorded)) return unknown;
   const std::uint64_t now = started ? profile_.event_ns[event_] : 0;
   if (next_read == beyond_step) {  // as if read at the same point of the next step
+    if (recorded == 0) return unknown;  // a step with registrations and no read: no span
     const std::uint64_t span = profile_.event_ns.back();
     return static_cast<double>(span - now + span) + 1.0;
   }

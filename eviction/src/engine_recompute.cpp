@@ -256,6 +256,10 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
       order_after_locked(n.stream, in->stream);
       allocator.record_stream(in->device_ptr, n.stream);
     }
+    // And after the streams of pin(id, use), which may have written it (as a spill waits).
+    for (stream_ref s : in->use_streams) {
+      if (s != n.stream) order_after_locked(n.stream, s);
+    }
     input_ptrs.push_back(in->device_ptr);
   }
 
