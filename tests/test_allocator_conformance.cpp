@@ -300,6 +300,66 @@ TEST_CASE_TEMPLATE("empty_cache releases every free segment", B, SPILLWAY_ALL_BA
   check_consistent(alloc);
 }
 
+TEST_CASE_TEMPLATE("on_segment_change tells of every segment reserved and released", B, SPILLWAY_ALL_BACKENDS) {
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  struct change {
+    segment_change what;
+    void* address;
+    std::size_t bytes;
+    stream_ref stream;
+  };
+  std::vector<change> seen;
+  allocator_config config = env.config();
+  config.on_segment_change = [&](segment_change what, void* address, std::size_t bytes, stream_ref stream) {
+    seen.push_back({what, address, bytes, stream});
+  };
+  device_allocator alloc(env.backend, config);
+  const stream_ref s = env.new_stream();
+
+  void* small = alloc.allocate(1000, s);  // a 2 MiB segment of the small pool, on s
+  void* large = alloc.allocate(30 * MiB);  // a segment of its own size (rounded to 2 MiB)
+  void* cached = alloc.allocate(3 * MiB);  // a 20 MiB segment
+  REQUIRE(seen.size() == 3);
+  for (const change& c : seen) {
+    CHECK(c.what == segment_change::allocated);
+    const allocation_info seg_of = alloc.describe(c.address);  // each segment's base is live
+    CHECK(seg_of.segment_base == c.address);
+    CHECK(seg_of.segment_size == c.bytes);
+  }
+  CHECK(seen[0].address == small);
+  CHECK(seen[0].bytes == 2 * MiB);
+  CHECK(seen[0].stream == s);
+  CHECK(seen[1].address == large);
+  CHECK(seen[2].bytes == 20 * MiB);
+  CHECK(seen[2].stream == stream_ref{});
+  // A cache hit reserves nothing.
+  alloc.deallocate(cached);
+  void* again = alloc.allocate(4 * MiB);
+  CHECK(seen.size() == 3);
+
+  // Released segments are told before the memory goes back, with the range they were reserved with.
+  alloc.deallocate(large);
+  alloc.deallocate(small);
+  alloc.empty_cache();
+  REQUIRE(seen.size() == 5);
+  std::set<void*> freed;
+  for (std::size_t i = 3; i < 5; ++i) {
+    CHECK(seen[i].what == segment_change::freed);
+    freed.insert(seen[i].address);
+  }
+  CHECK(freed == std::set<void*>{large, small});
+  CHECK(alloc.stats().reserved_bytes[0].current == static_cast<std::int64_t>(20 * MiB));
+
+  // What the observer throws is dropped: the allocator goes on, its counts right.
+  config.on_segment_change = [](segment_change, void*, std::size_t, stream_ref) { throw std::runtime_error("no"); };
+  device_allocator throwing(env.backend, config);
+  void* p = throwing.allocate(3 * MiB);
+  throwing.deallocate(p);
+  CHECK(throwing.empty_cache() == 20 * MiB);
+  CHECK(throwing.stats().reserved_bytes[0].current == 0);
+  alloc.deallocate(again);
+}
+
 TEST_CASE_TEMPLATE("statistics count allocations, bytes, activity and splits", B, SPILLWAY_ALL_BACKENDS) {
   SPILLWAY_BACKEND_OR_SKIP(B, env);
   device_allocator alloc(env.backend, env.config());

@@ -251,6 +251,47 @@ TEST_CASE_TEMPLATE("expandable: empty_cache unmaps free middles as holes that gr
   check_consistent(alloc);
 }
 
+TEST_CASE_TEMPLATE("expandable: on_segment_change tells of every range mapped and unmapped", B, SPILLWAY_ALL_BACKENDS) {
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  SKIP_WITHOUT_VMM(env);
+  const std::size_t g = env.backend->vmm_granularity();
+  std::vector<std::pair<segment_change, std::pair<char*, std::size_t>>> seen;
+  std::int64_t told = 0;  // mapped bytes as the observer saw them
+  allocator_config config = expandable_config(env);
+  config.on_segment_change = [&](segment_change what, void* address, std::size_t bytes, stream_ref) {
+    seen.push_back({what, {static_cast<char*>(address), bytes}});
+    CHECK((what == segment_change::mapped || what == segment_change::unmapped));
+    told += what == segment_change::mapped ? static_cast<std::int64_t>(bytes) : -static_cast<std::int64_t>(bytes);
+  };
+  device_allocator alloc(env.backend, config);
+  const auto reserved = [&] { return alloc.stats().reserved_bytes[0].current; };
+
+  char* a = static_cast<char*>(alloc.allocate(2 * g));
+  void* b = alloc.allocate(g);
+  void* c = alloc.allocate(3 * g);
+  REQUIRE(seen.size() == 3);  // the range grows three times, each right after the last
+  CHECK(seen[0].second == std::pair{a, 2 * g});
+  CHECK(seen[1].second == std::pair{a + 2 * g, g});
+  CHECK(seen[2].second == std::pair{a + 3 * g, 3 * g});
+  CHECK(told == reserved());
+
+  alloc.deallocate(b);  // a free middle: unmapped by empty_cache, as a hole
+  CHECK(alloc.empty_cache() == g);
+  REQUIRE(seen.size() == 4);
+  CHECK(seen[3].first == segment_change::unmapped);
+  CHECK(seen[3].second == std::pair{a + 2 * g, g});
+  CHECK(told == reserved());
+  void* d = alloc.allocate(g);  // the hole, mapped again
+  CHECK(d == b);
+  REQUIRE(seen.size() == 5);
+  CHECK(seen[4].first == segment_change::mapped);
+  CHECK(seen[4].second == std::pair{a + 2 * g, g});
+  for (void* p : {static_cast<void*>(a), d, c}) alloc.deallocate(p);
+  alloc.empty_cache();
+  CHECK(reserved() == 0);
+  CHECK(told == 0);
+}
+
 TEST_CASE_TEMPLATE("expandable: partial granules of a free block stay mapped around its hole", B, SPILLWAY_ALL_BACKENDS) {
   SPILLWAY_BACKEND_OR_SKIP(B, env);
   SKIP_WITHOUT_VMM(env);

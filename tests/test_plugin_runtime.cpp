@@ -117,7 +117,7 @@ TEST_CASE("out of memory within the budget is out_of_memory, and nothing changes
 TEST_CASE("deallocate routes live, double-freed, interior and foreign pointers apart") {
   sim_devices sims;
   warnings w;
-  plugin_allocator a(parse_config(""), 2, sims.factory(), w.sink());
+  plugin_allocator a(parse_config(""), 2, sims.factory(), {.on_warning = w.sink()});
   void* p0 = a.allocate(0, 1 * M, {});
   void* p1 = a.allocate(1, 3 * M, {});
   CHECK(a.owner_of(p0) == &a.device(0));

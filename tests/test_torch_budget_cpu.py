@@ -150,6 +150,13 @@ class TrainUnderBudget(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "already served"):
             _C.serve_cpu_tensors()
 
+    def test_a_request_over_any_device_is_out_of_memory_and_counted(self):
+        # As PyTorch reports, and counts, a request no device could hold.
+        before = spillway.stats()["num_ooms"]
+        with self.assertRaises(torch.OutOfMemoryError):
+            torch.empty(1 << 60, dtype=torch.uint8)
+        self.assertEqual(spillway.stats()["num_ooms"], before + 1)
+
     def test_a_cpu_tensor_is_spillway_memory(self):
         before = spillway.stats()["allocated_bytes.all.current"]
         t = torch.empty(1 << 20, dtype=torch.uint8)

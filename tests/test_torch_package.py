@@ -57,6 +57,13 @@ class Package(unittest.TestCase):
             C.raw_free(p)
             assert spillway.empty_cache() > 0
             assert spillway.stats()["reserved_bytes.all.current"] == 0
+            for bad in (1, 256, -1):  # one simulated device; 256 is not device 0 in disguise
+                try:
+                    spillway.stats(bad)
+                except ValueError as e:
+                    assert str(bad) in str(e), e
+                else:
+                    raise SystemExit(f"stats({bad}): no error")
         """)
 
     def test_out_of_memory_is_torch_out_of_memory_error_naming_the_budget(self):

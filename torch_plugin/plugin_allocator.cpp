@@ -9,14 +9,11 @@
 namespace spillway {
 
 plugin_allocator::plugin_allocator(plugin_config config, int device_count,
-                                   backend_factory make_backend,
-                                   std::function<void(const std::string&)> on_warning,
-                                   free_observer on_free_completed)
+                                   backend_factory make_backend, device_observers observers)
     : config_(std::move(config)),
       device_count_(device_count),
       make_backend_(std::move(make_backend)),
-      on_warning_(std::move(on_warning)),
-      on_free_completed_(std::move(on_free_completed)) {
+      observers_(std::move(observers)) {
   if (device_count_ < 0) {
     throw invalid_argument("spillway: plugin_allocator: device count " + std::to_string(device_count_) +
                            " is invalid: expected >= 0");
@@ -48,12 +45,17 @@ device_allocator& plugin_allocator::device(int index) {
   std::shared_ptr<device_backend> backend = make_backend_(index);
   allocator_config ac = config_.allocator;
   ac.budget = budget_for_device(config_, index, backend->total_memory());
-  if (on_warning_) ac.on_warning = on_warning_;
-  if (on_free_completed_) {
-    ac.on_free_completed = [observer = on_free_completed_, index](void* ptr, std::size_t size,
-                                                                  stream_ref stream) {
+  if (observers_.on_warning) ac.on_warning = observers_.on_warning;
+  if (observers_.on_free_completed) {
+    ac.on_free_completed = [observer = observers_.on_free_completed, index](
+                               void* ptr, std::size_t size, stream_ref stream) {
       observer(index, ptr, size, stream);
     };
+  }
+  if (observers_.on_segment_change) {
+    ac.on_segment_change = [observer = observers_.on_segment_change, index](
+                               segment_change what, void* address, std::size_t bytes,
+                               stream_ref stream) { observer(index, what, address, bytes, stream); };
   }
   owned_.push_back(std::make_unique<device_allocator>(std::move(backend), std::move(ac)));
   device_allocator& created = *owned_.back();

@@ -6,8 +6,9 @@
 //   for backend "cuda") is created the first time that device is used, never before: a process
 //   that uses one GPU of eight touches only that one. Any other index is invalid_argument.
 // - Each device gets config.allocator with the budget budget_for_device() gives it
-//   (config_string.hpp); warnings go to on_warning (default: stderr), and on_free_completed, when
-//   given, is each device's allocator_config::on_free_completed, told the device index too.
+//   (config_string.hpp) and the observers given (device_observers): warnings go to on_warning
+//   (default: stderr); on_free_completed and on_segment_change, when given, are each device's
+//   allocator_config observers of the same names, told the device index too.
 // - allocate(device, 0, s) returns nullptr, as cudaMalloc and PyTorch's allocators do for size 0.
 // - deallocate(ptr) says where ptr belongs: a live allocation of one device (freed or deferred),
 //   memory spillway holds but not a live allocation (a double free: reported through on_warning,
@@ -48,6 +49,17 @@ enum class free_result {
 // Told, under the device's lock, when a deallocated block may be handed out again
 // (allocator_config::on_free_completed): device, pointer, requested size, stream.
 using free_observer = std::function<void(int device, void* ptr, std::size_t requested_size, stream_ref stream)>;
+// Told, under the device's lock, when device memory comes or goes under a segment
+// (allocator_config::on_segment_change): device, what, address, bytes, the segment's stream.
+using segment_observer = std::function<void(int device, segment_change what, void* address,
+                                            std::size_t bytes, stream_ref stream)>;
+
+// What a plugin_allocator tells about its devices. Each may be empty.
+struct device_observers {
+  std::function<void(const std::string&)> on_warning;  // empty: stderr
+  free_observer on_free_completed;
+  segment_observer on_segment_change;
+};
 
 struct memory_info {
   std::size_t free = 0;
@@ -58,8 +70,7 @@ struct memory_info {
 class plugin_allocator {
  public:
   plugin_allocator(plugin_config config, int device_count, backend_factory make_backend,
-                   std::function<void(const std::string&)> on_warning = {},
-                   free_observer on_free_completed = {});
+                   device_observers observers = {});
   ~plugin_allocator();
   plugin_allocator(const plugin_allocator&) = delete;
   plugin_allocator& operator=(const plugin_allocator&) = delete;
@@ -92,8 +103,7 @@ class plugin_allocator {
   plugin_config config_;
   int device_count_;
   backend_factory make_backend_;
-  std::function<void(const std::string&)> on_warning_;
-  free_observer on_free_completed_;
+  device_observers observers_;
   std::mutex create_mutex_;                                   // creation only
   std::vector<std::unique_ptr<device_allocator>> owned_;      // guarded by create_mutex_
   std::unique_ptr<std::atomic<device_allocator*>[]> slots_;   // read without a lock

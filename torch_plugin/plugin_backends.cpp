@@ -38,13 +38,11 @@ backend_set make_backends(const plugin_config& config) {
   throw invalid_argument("spillway: unknown backend \"" + config.backend + "\": expected cuda or sim");
 }
 
-std::unique_ptr<plugin_allocator> make_plugin_allocator(
-    plugin_config config, std::function<void(const std::string&)> on_warning,
-    free_observer on_free_completed) {
+std::unique_ptr<plugin_allocator> make_plugin_allocator(plugin_config config,
+                                                        device_observers observers) {
   backend_set backends = make_backends(config);
   return std::make_unique<plugin_allocator>(std::move(config), backends.device_count,
-                                            std::move(backends.make), std::move(on_warning),
-                                            std::move(on_free_completed));
+                                            std::move(backends.make), std::move(observers));
 }
 
 }  // namespace spillway

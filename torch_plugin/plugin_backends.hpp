@@ -24,8 +24,7 @@ struct backend_set {
 backend_set make_backends(const plugin_config& config);
 
 // A plugin_allocator over the devices make_backends(config) names. Throws what make_backends throws.
-std::unique_ptr<plugin_allocator> make_plugin_allocator(
-    plugin_config config, std::function<void(const std::string&)> on_warning,
-    free_observer on_free_completed = {});
+std::unique_ptr<plugin_allocator> make_plugin_allocator(plugin_config config,
+                                                        device_observers observers = {});
 
 }  // namespace spillway

@@ -29,7 +29,8 @@ instance* build_instance() {
   auto* inst = new instance;  // never deleted: see process_instance.hpp
   const char* text = std::getenv("SPILLWAY_CONF");
   try {
-    inst->allocator = make_plugin_allocator(parse_config(text != nullptr ? text : ""), &report);
+    inst->allocator = make_plugin_allocator(parse_config(text != nullptr ? text : ""),
+                                            {.on_warning = &report});
   } catch (const invalid_argument& e) {
     inst->error = e.what();
     inst->bad_input = true;

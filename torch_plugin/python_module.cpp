@@ -333,7 +333,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("stats", [](int device) {
     torch_allocator& a = require_installed("stats");
     py::gil_scoped_release no_gil;  // stats() takes the device lock
-    memory_stats s = a.devices().device(device).stats();
+    memory_stats s = a.device_stats(device);
     py::gil_scoped_acquire gil;
     return stats_dict(s);
   });

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <shared_mutex>
 
 #include "plugin_backends.hpp"
 #include "spillway/errors.hpp"
@@ -25,8 +26,10 @@ namespace {
 
 // Every live torch_allocator, for the DataPtr deleter (a plain function: it gets only the pointer).
 // The installed one is looked at first, without the lock. These are never destroyed, so that
-// allocators and tensors destroyed at exit, in any order, still find them.
-std::mutex& live_mutex = *new std::mutex;
+// allocators and tensors destroyed at exit, in any order, still find them. The deleter holds the
+// mutex shared while it frees (a free may run torch's recorder, which takes the GIL: deleters on
+// other threads must not wait for it); creation and destruction hold it exclusively.
+std::shared_mutex& live_mutex = *new std::shared_mutex;
 std::vector<torch_allocator*>& live_allocators = *new std::vector<torch_allocator*>;
 std::atomic<torch_allocator*> installed_allocator{nullptr};
 // Keeps the installed allocator alive: tensors may outlive everything else.
@@ -49,11 +52,21 @@ torch_allocator::torch_allocator(plugin_config config, torch_context context)
     : config_(std::move(config)),
       context_(std::move(context)),
       devices_(make_plugin_allocator(
-          config_, [](const std::string& message) { std::cerr << message << '\n'; },
-          [this](int device, void* ptr, std::size_t requested, stream_ref stream) {
-            history_.record_free_completed(static_cast<c10::DeviceIndex>(device), ptr, requested,
-                                           reinterpret_cast<void*>(stream.value));
-          })) {
+          config_,
+          {.on_warning = [](const std::string& message) { std::cerr << message << '\n'; },
+           .on_free_completed =
+               [this](int device, void* ptr, std::size_t requested, stream_ref stream) {
+                 history_.record_free_completed(static_cast<c10::DeviceIndex>(device), ptr,
+                                                requested, reinterpret_cast<void*>(stream.value));
+               },
+           .on_segment_change =
+               [this](int device, segment_change what, void* address, std::size_t bytes,
+                      stream_ref stream) {
+                 history_.record_segment(what, static_cast<c10::DeviceIndex>(device), address,
+                                         bytes, reinterpret_cast<void*>(stream.value));
+               }})),
+      oversized_ooms_(std::make_unique<std::atomic<std::int64_t>[]>(
+          static_cast<std::size_t>(devices_->device_count()))) {
   std::lock_guard lock(live_mutex);
   live_allocators.push_back(this);
 }
@@ -82,28 +95,56 @@ void* torch_allocator::allocate_on(c10::DeviceIndex device, size_t nbytes, strea
   device_allocator& d = checked_device(device, "allocate");
   if (nbytes == 0) return nullptr;
   stream = devices_->stream_of(reinterpret_cast<const void*>(stream.value));  // cudaStreamLegacy
+  // The context of the allocation (ALLOC, OOM) and of the segment events it causes, gathered
+  // before the device lock, as PyTorch's allocator gathers it.
+  allocation_history::context_scope scope(history_, TraceEntry::ALLOC);
   void* ptr = nullptr;
   try {
     ptr = devices_->allocate(device, nbytes, stream);
   } catch (const out_of_memory& e) {
-    fail_out_of_memory(device, stream, e);
+    scope.close();  // what the OOM observers release is not this allocation's doing
+    fail_out_of_memory(device, stream, e, scope.context());
   } catch (const invalid_argument& e) {
+    scope.close();
     // The only argument left to refuse is the size (the device was checked): over what any
-    // device could hold, which PyTorch reports as out of memory.
-    out_of_memory::details info;
-    info.device = device;
-    info.requested = info.rounded = nbytes;
-    info.budget = d.budget();
-    fail_out_of_memory(device, stream, out_of_memory(e.what(), info));
+    // device could hold, which PyTorch reports, and counts, as out of memory.
+    oversized_ooms_[static_cast<std::size_t>(device)].fetch_add(1, std::memory_order_relaxed);
+    fail_out_of_memory(device, stream, out_of_memory(e.what(), oversized_details(d, nbytes)),
+                       scope.context());
   }
   try {
     history_.record(TraceEntry::ALLOC, device, reinterpret_cast<std::size_t>(ptr), nbytes,
-                    reinterpret_cast<void*>(stream.value));
+                    reinterpret_cast<void*>(stream.value), scope.context());
   } catch (...) {
-    devices_->deallocate(ptr);  // the caller gets the error, and nothing is held for nobody
+    // The caller gets the error, and nothing is held for nobody. The free is recorded as any
+    // free is, so that the trace (which may hold the ALLOC) and the kept contexts stay paired.
+    try {
+      history_.record(TraceEntry::FREE_REQUESTED, device, reinterpret_cast<std::size_t>(ptr),
+                      nbytes, reinterpret_cast<void*>(stream.value), nullptr);
+    } catch (...) {
+    }
+    devices_->deallocate(ptr);
     throw;
   }
   return ptr;
+}
+
+// What out of memory reports for a request over what any device could hold: the device as it
+// is (free memory, budget, allocated, reserved), as PyTorch reports it.
+out_of_memory::details torch_allocator::oversized_details(const device_allocator& d,
+                                                         std::size_t nbytes) const {
+  out_of_memory::details info;
+  info.device = d.device();
+  info.requested = info.rounded = nbytes;
+  info.budget = d.budget();
+  try {
+    const memory_stats s = d.stats();
+    info.allocated = static_cast<std::size_t>(s.allocated_bytes[0].current);
+    info.reserved = static_cast<std::size_t>(s.reserved_bytes[0].current);
+    info.device_free = d.backend().free_memory();
+  } catch (...) {  // the report goes out with what is known
+  }
+  return info;
 }
 
 // What PyTorch's allocator does on out of memory: an OOM trace entry (the device's free bytes
@@ -111,13 +152,14 @@ void* torch_allocator::allocate_on(c10::DeviceIndex device, size_t nbytes, strea
 // request, the memory it may use: the budget, or the device's memory, and the device's free
 // bytes), then c10::OutOfMemoryError. From the error's details alone: no device call here.
 void torch_allocator::fail_out_of_memory(c10::DeviceIndex device, stream_ref stream,
-                                         const out_of_memory& error) {
+                                         const out_of_memory& error,
+                                         std::shared_ptr<c10::GatheredContext> context) {
   const out_of_memory::details& d = error.info();
   const std::size_t total = devices_->device(device).backend().total_memory();
   const std::size_t allowed = std::min(d.budget, total);
   try {
     history_.record(TraceEntry::OOM, device, d.device_free, d.rounded,
-                    reinterpret_cast<void*>(stream.value));
+                    reinterpret_cast<void*>(stream.value), std::move(context));
   } catch (...) {
   }
   std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> observers;
@@ -169,6 +211,9 @@ free_result torch_allocator::release(void* ptr) noexcept {
       // A recorder that fails must not keep the memory: free it anyway.
     }
   }
+  if (any_other_device_use_.load(std::memory_order_acquire)) [[unlikely]] {
+    if (device_allocator* owner = devices_->owner_of(ptr)) order_after_other_devices(ptr, *owner);
+  }
   const free_result result = devices_->deallocate(ptr, &holder);  // a double free is reported there
   if (result == free_result::foreign) return result;
   try {
@@ -194,7 +239,7 @@ void delete_tensor_memory(void* ptr) noexcept {
       a != nullptr && a->release(ptr) != free_result::foreign) {
     return;
   }
-  std::lock_guard lock(live_mutex);
+  std::shared_lock lock(live_mutex);
   for (torch_allocator* a : live_allocators) {
     if (a->release(ptr) != free_result::foreign) return;
   }
@@ -237,6 +282,7 @@ void torch_allocator::setMemoryFraction(double fraction, c10::DeviceIndex device
   TORCH_CHECK_VALUE(fraction >= 0.0 && fraction <= 1.0, "spillway: memory fraction ", fraction,
                     " is invalid: expected a number in [0, 1]");
   device_allocator& d = checked_device(device, "setMemoryFraction");
+  const allocation_history::context_scope scope(history_, TraceEntry::FREE_REQUESTED);
   try {
     d.set_budget(fraction_of_memory(fraction, d.backend().total_memory()), below_live::accept);
   } catch (const invalid_argument& e) {
@@ -250,6 +296,9 @@ void torch_allocator::emptyCache(c10::MempoolId_t mempool_id) {
                               "spillway: emptyCache of memory pool (", mempool_id.first, ", ",
                               mempool_id.second,
                               "): spillway does not support CUDA graph or torch.cuda.MemPool pools");
+  // Its releases carry the context of this call, with RecordContext ALL, as PyTorch's do (else
+  // each segment's own).
+  const allocation_history::context_scope scope(history_, TraceEntry::FREE_REQUESTED);
   devices_->empty_cache();
 }
 
@@ -280,7 +329,60 @@ void torch_allocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStrea
   if (ptr.get() == nullptr || ptr.get_deleter() != &delete_tensor_memory) return;
   device_allocator* owner = devices_->owner_of(ptr.get());
   if (owner == nullptr) return;
+  if (config_.backend == "cuda" && stream.device_index() != owner->device()) {
+    // A stream of another device: the device allocator knows its own device's streams only
+    // (another's default stream would even look like the block's own). Kept here, and ordered
+    // at the free (order_after_other_devices).
+    std::lock_guard lock(other_device_uses_mutex_);
+    auto& uses = other_device_uses_[ptr.get()];
+    if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
+    any_other_device_use_.store(true, std::memory_order_release);
+    return;
+  }
   owner->record_stream(ptr.get(), devices_->stream_of(stream.stream()));
+}
+
+// Before `ptr` (a live block of `owner`) is freed: its own stream waits for the work queued so
+// far on the streams of other devices that used it, so that whatever gets the block next on that
+// stream (the only one its pool serves) runs after them, as do a release (which synchronises its
+// device) and an unmapping. An event on the other stream and a wait: no host synchronisation. If
+// either cannot be made, the host waits for that stream instead; if even that fails, the error
+// is reported and the free goes on (the memory cannot be kept from a deleter that must not throw).
+void torch_allocator::order_after_other_devices(void* ptr, device_allocator& owner) noexcept {
+  std::vector<c10::cuda::CUDAStream> uses;
+  {
+    std::lock_guard lock(other_device_uses_mutex_);
+    auto it = other_device_uses_.find(ptr);
+    if (it == other_device_uses_.end()) return;
+    uses = std::move(it->second);
+    other_device_uses_.erase(it);
+  }
+  try {
+    const auto own = reinterpret_cast<cudaStream_t>(owner.describe(ptr).stream.value);
+    const auto own_device = static_cast<c10::DeviceIndex>(owner.device());
+    for (const c10::cuda::CUDAStream& use : uses) {
+      cudaEvent_t done = nullptr;
+      cudaError_t err = cudaSuccess;
+      {
+        c10::cuda::CUDAGuard on_use(use.device_index());
+        err = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+        if (err == cudaSuccess) err = cudaEventRecord(done, use.stream());
+      }
+      if (err == cudaSuccess) {
+        c10::cuda::CUDAGuard on_own(own_device);
+        err = cudaStreamWaitEvent(own, done, 0);
+      }
+      if (done != nullptr) (void)cudaEventDestroy(done);  // the wait holds what it needs
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        c10::cuda::CUDAGuard on_use(use.device_index());
+        C10_CUDA_CHECK(cudaStreamSynchronize(use.stream()));
+      }
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "spillway: cannot order the free of " << format_pointer(ptr)
+              << " after the streams of other devices that used it: " << e.what() << '\n';
+  }
 }
 
 std::pair<size_t, size_t> torch_allocator::getMemoryInfo(c10::DeviceIndex device) {
@@ -319,19 +421,24 @@ void torch_allocator::enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex de
   checked_device(dev, "enablePeerAccess");
   checked_device(dev_to_access, "enablePeerAccess");
   if (config_.backend != "cuda") return;  // one simulated device: nothing to enable
-  c10::cuda::CUDAGuard guard(dev);
-  const cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
-  if (err == cudaErrorPeerAccessAlreadyEnabled) {
-    (void)cudaGetLastError();  // clear it
-    return;
+  {
+    c10::cuda::CUDAGuard guard(dev);
+    const cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError();  // clear it
+    } else {
+      C10_CUDA_CHECK(err);
+    }
   }
-  C10_CUDA_CHECK(err);
+  // That covers cudaMalloc'd segments; the pages of expandable ones are mapped for their own
+  // device only, and each mapping needs the peer too, as PyTorch's addPeerAccess does.
+  devices_->device(dev_to_access).backend().grant_vmm_access(dev);
 }
 
 cudaError_t torch_allocator::memcpyAsync(void* dst, int dst_device, const void* src, int src_device,
                                          size_t count, cudaStream_t stream, bool p2p_enabled) {
-  // spillway's segments are cudaMalloc'd or VMM-mapped for their own device only, so without peer
-  // access a copy between devices must take the peer path.
+  // Without peer access (enablePeerAccess, which grants expandable segments' pages to the peer
+  // too) a copy between devices must take the peer path.
   if (p2p_enabled || dst_device == src_device) {
     return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
   }

@@ -19,8 +19,13 @@
 //   taken below the memory in use as PyTorch takes it), cacheInfo (the larger of the budget's
 //   headroom and the largest cached block), getBaseAllocation, recordStream, memory history
 //   (allocations; free requests and completions, a completion when the block may be handed out
-//   again, with the allocation's requested size and stream; the contexts torch's recorder
-//   gathers, outside any lock) and trace trackers map one to one onto the allocator's.
+//   again, with the allocation's requested size and stream; segments reserved, released, mapped
+//   and unmapped; the contexts torch's recorder gathers, outside any lock) and trace trackers
+//   map one to one onto the allocator's. recordStream with a stream of another device (which
+//   the device allocator cannot order after) makes the block's own stream wait for that stream's
+//   work at the free: an event and a stream wait, not a host synchronisation.
+//   A request over what any device could hold counts in
+//   num_ooms, as in PyTorch.
 //   getMemoryInfo reports what cudaMemGetInfo reports under spillway: total = the budget.
 // - Not supported, each failing with a NotImplementedError that names the feature: CUDA graph
 //   private pools (beginAllocateToPool, setCheckpointPoolState, torch.cuda.MemPool) and CUDA IPC
@@ -63,6 +68,11 @@ class torch_allocator final : public c10::cuda::CUDACachingAllocator::CUDAAlloca
   plugin_allocator& devices() noexcept { return *devices_; }
   device_allocator& device(c10::DeviceIndex index) { return devices_->device(index); }
   const plugin_config& config() const noexcept { return config_; }
+  // The statistics of `device` (created if need be), as torch.cuda.memory_stats() reports them:
+  // num_ooms counts the requests over what any device could hold as well, which the device
+  // allocator refuses as invalid_argument and this allocator reports as out of memory.
+  // An index out of range is invalid_argument naming it.
+  memory_stats device_stats(int index);
 
   // Frees `ptr` if this allocator holds it (a double free is reported, nothing changes: invalid);
   // foreign when the memory is not this allocator's. For the DataPtr deleter and raw_delete.
@@ -136,7 +146,10 @@ class torch_allocator final : public c10::cuda::CUDACachingAllocator::CUDAAlloca
 
  private:
   [[noreturn]] void fail_out_of_memory(c10::DeviceIndex device, stream_ref stream,
-                                       const out_of_memory& error);
+                                       const out_of_memory& error,
+                                       std::shared_ptr<c10::GatheredContext> context);
+  out_of_memory::details oversized_details(const device_allocator& d, std::size_t nbytes) const;
+  void order_after_other_devices(void* ptr, device_allocator& owner) noexcept;
   void checked_index(c10::DeviceIndex device, const char* caller) const;
   device_allocator& checked_device(c10::DeviceIndex device, const char* caller);
 
@@ -148,6 +161,12 @@ class torch_allocator final : public c10::cuda::CUDACachingAllocator::CUDAAlloca
   std::atomic<bool> enabled_{true};
   std::mutex observers_mutex_;
   std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> oom_observers_;
+  // Per device: requests refused as too large, reported as out of memory (device_stats).
+  std::unique_ptr<std::atomic<std::int64_t>[]> oversized_ooms_;
+  // recordStream's streams of other devices than the block's, by pointer, until its free.
+  std::mutex other_device_uses_mutex_;
+  std::unordered_map<const void*, std::vector<c10::cuda::CUDAStream>> other_device_uses_;
+  std::atomic<bool> any_other_device_use_{false};  // a free looks them up only once there were some
 };
 
 // Installs `allocator` as PyTorch's CUDA allocator (see the contract). Throws c10::Error when

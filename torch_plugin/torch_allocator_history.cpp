@@ -34,11 +34,12 @@ void allocation_history::configure(bool enabled, c10::CachingDeviceAllocator::Cr
   if (!enabled || when_.load() == RecordContext::NEVER) {
     live_contexts_.clear();
     freeing_contexts_.clear();
+    segment_contexts_.clear();
   }
   for (auto& [device, ring] : rings_) {
     while (ring.size() > max_entries_) ring.pop_front();
   }
-  active_.store(enabled_ || !trackers_.empty());
+  active_.store(enabled_ || trackers_ != nullptr);
 }
 
 bool allocation_history::enabled() const {
@@ -48,38 +49,110 @@ bool allocation_history::enabled() const {
 
 void allocation_history::attach_tracker(c10::CachingDeviceAllocator::AllocatorTraceTracker tracker) {
   std::lock_guard lock(mutex_);
-  trackers_.push_back(std::move(tracker));
+  // Copied, not changed in place: entries being told to trackers outside the mutex keep theirs.
+  auto trackers = trackers_ != nullptr ? std::make_shared<tracker_list>(*trackers_)
+                                       : std::make_shared<tracker_list>();
+  trackers->push_back(std::move(tracker));
+  trackers_ = std::move(trackers);
   active_.store(true);
 }
 
-void allocation_history::record(action what, c10::DeviceIndex device, std::size_t address,
-                                std::size_t size, void* stream) {
-  if (!active()) return;  // every allocation and free comes here: no lock when nobody listens
-  // The context is gathered before the mutex is taken, as PyTorch's allocator does: torch's
-  // recorder takes the GIL, and a thread that holds the GIL may be waiting for the mutex (a
-  // tensor freed from Python) while this one holds it. An allocation's (and an OOM's) with STATE
-  // or more, a free's only with ALL.
-  std::shared_ptr<c10::GatheredContext> context;
-  if (const auto recorder = recorder_.load(); recorder != nullptr) {
-    const RecordContext when = when_.load();
-    if (what == action::FREE_REQUESTED ? when == RecordContext::ALL : when >= RecordContext::STATE) {
-      context = recorder();
-    }
+std::shared_ptr<c10::GatheredContext> allocation_history::gather(action what) const {
+  // Gathered before any lock, as PyTorch's allocator does: torch's recorder takes the GIL, and a
+  // thread that holds the GIL may be waiting for the mutex (a tensor freed from Python) while
+  // this one holds it. An allocation's (and an OOM's) with STATE or more, a free's only with ALL.
+  const auto recorder = recorder_.load();
+  if (recorder == nullptr) return nullptr;
+  const RecordContext when = when_.load();
+  if (what == action::FREE_REQUESTED ? when == RecordContext::ALL : when >= RecordContext::STATE) {
+    return recorder();
   }
-  std::lock_guard lock(mutex_);
-  add_locked(what, device, address, size, stream, std::move(context));
+  return nullptr;
+}
+
+void allocation_history::record(action what, c10::DeviceIndex device, std::size_t address,
+                                std::size_t size, void* stream,
+                                std::shared_ptr<c10::GatheredContext> context) {
+  if (!active()) return;  // every allocation and free comes here: no lock when nobody listens
+  std::unique_lock lock(mutex_);
+  add_releasing_lock(lock, what, device, address, size, stream, std::move(context));
 }
 
 void allocation_history::record_free_completed(c10::DeviceIndex device, const void* ptr,
                                                std::size_t size, void* stream) {
   if (!active()) return;
-  std::lock_guard lock(mutex_);
-  add_locked(action::FREE_COMPLETED, device, reinterpret_cast<std::size_t>(ptr), size, stream, nullptr);
+  std::unique_lock lock(mutex_);
+  add_releasing_lock(lock, action::FREE_COMPLETED, device, reinterpret_cast<std::size_t>(ptr), size,
+                     stream, nullptr);
 }
 
-void allocation_history::add_locked(action what, c10::DeviceIndex device, std::size_t address,
-                                    std::size_t size, void* stream,
-                                    std::shared_ptr<c10::GatheredContext> context) {
+namespace {
+// The innermost context_scope open on this thread, if any (scopes nest, of one history or several).
+thread_local allocation_history::context_scope* current_scope = nullptr;
+
+TraceEntry::Action trace_action(segment_change what) {
+  switch (what) {
+    case segment_change::allocated: return TraceEntry::SEGMENT_ALLOC;
+    case segment_change::freed: return TraceEntry::SEGMENT_FREE;
+    case segment_change::mapped: return TraceEntry::SEGMENT_MAP;
+    case segment_change::unmapped: break;
+  }
+  return TraceEntry::SEGMENT_UNMAP;
+}
+}  // namespace
+
+allocation_history::context_scope::context_scope(const allocation_history& history, action what)
+    : history_(&history),
+      context_(history.active() ? history.gather(what) : nullptr),
+      outer_(current_scope) {
+  current_scope = this;
+}
+
+void allocation_history::context_scope::close() noexcept {
+  if (!open_) return;
+  open_ = false;
+  if (current_scope == this) {
+    current_scope = outer_;
+    return;
+  }
+  // Closed early under an inner scope: unlink it from the chain.
+  for (context_scope* s = current_scope; s != nullptr; s = s->outer_) {
+    if (s->outer_ == this) {
+      s->outer_ = outer_;
+      return;
+    }
+  }
+}
+
+void allocation_history::record_segment(segment_change what, c10::DeviceIndex device,
+                                        const void* address, std::size_t size, void* stream) {
+  if (!active()) return;
+  std::shared_ptr<c10::GatheredContext> context;
+  for (const context_scope* s = current_scope; s != nullptr; s = s->outer_) {
+    if (s->history_ == this) {
+      context = s->context();
+      break;
+    }
+  }
+  std::unique_lock lock(mutex_);
+  if (what == segment_change::allocated && context && when_.load() >= RecordContext::STATE) {
+    segment_contexts_[address] = context;
+  } else if (what == segment_change::freed) {
+    if (auto it = segment_contexts_.find(address); it != segment_contexts_.end()) {
+      if (!context) context = std::move(it->second);
+      segment_contexts_.erase(it);
+    }
+  }
+  add_releasing_lock(lock, trace_action(what), device, reinterpret_cast<std::size_t>(address), size,
+                     stream, std::move(context));
+}
+
+// Keeps the entry (and its context) under the mutex, then tells the trackers without it: a
+// tracker (NCCL's register hook) may take its time, and the mutex is every device's.
+void allocation_history::add_releasing_lock(std::unique_lock<std::mutex>& lock, action what,
+                                            c10::DeviceIndex device, std::size_t address,
+                                            std::size_t size, void* stream,
+                                            std::shared_ptr<c10::GatheredContext> context) {
   const auto* ptr = reinterpret_cast<const void*>(address);
   const bool keeps_contexts = when_.load() >= RecordContext::STATE;
   if (what == action::ALLOC && context) {
@@ -99,11 +172,20 @@ void allocation_history::add_locked(action what, c10::DeviceIndex device, std::s
 
   TraceEntry entry(what, device, address, size, stream, {0, 0}, c10::getApproximateTime(),
                    when_.load() >= RecordContext::ALLOC ? std::move(context) : nullptr);
-  for (const auto& tracker : trackers_) tracker(entry);
-  if (!enabled_ || skipped_[static_cast<std::size_t>(what)] || max_entries_ == 0) return;
-  auto& ring = rings_[device];
-  if (ring.size() == max_entries_) ring.pop_front();
-  ring.push_back(std::move(entry));
+  std::shared_ptr<const tracker_list> trackers = trackers_;
+  if (enabled_ && !skipped_[static_cast<std::size_t>(what)] && max_entries_ > 0) {
+    auto& ring = rings_[device];
+    if (ring.size() == max_entries_) ring.pop_front();
+    if (trackers == nullptr) {
+      ring.push_back(std::move(entry));
+      return;
+    }
+    ring.push_back(entry);
+  }
+  lock.unlock();
+  if (trackers != nullptr) {
+    for (const auto& tracker : *trackers) tracker(entry);
+  }
 }
 
 std::vector<TraceEntry> allocation_history::entries(c10::DeviceIndex device) const {
@@ -114,6 +196,12 @@ std::vector<TraceEntry> allocation_history::entries(c10::DeviceIndex device) con
   const auto to_ns = clock_.makeConverter();
   for (TraceEntry& e : out) e.time_.t_ = to_ns(e.time_.approx_t_) / 1000;  // time_us
   return out;
+}
+
+std::shared_ptr<c10::GatheredContext> allocation_history::segment_context(const void* address) const {
+  std::lock_guard lock(mutex_);
+  auto it = segment_contexts_.find(address);
+  return it == segment_contexts_.end() ? nullptr : it->second;
 }
 
 std::shared_ptr<c10::GatheredContext> allocation_history::context_of(const void* ptr) const {

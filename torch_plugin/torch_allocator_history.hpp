@@ -2,22 +2,30 @@
 // allocator trace trackers torch attaches.
 //
 // Contract
-// - While enabled, every allocation, free request, completed free and out-of-memory that passes
-//   through torch_allocator is kept as a c10 TraceEntry in a ring of at most max_entries per device
+// - While enabled, every allocation, free request, completed free, out-of-memory and segment
+//   event (SEGMENT_ALLOC / SEGMENT_FREE for fixed segments, SEGMENT_MAP / SEGMENT_UNMAP for
+//   ranges of expandable ones, from the device allocator's on_segment_change) that passes through
+//   torch_allocator is kept as a c10 TraceEntry in a ring of at most max_entries per device
 //   (oldest dropped first), with the context torch's recorder gathers (Python and C++ stacks)
 //   when `when` asks for one. Actions named in skip_actions are not kept.
-// - Segment events (segment_alloc, segment_free, map, unmap) happen inside spillway's core and are
-//   not in the trace; the snapshot's segments show the resulting state.
+// - A call's context is gathered once, before the device lock, by a context_scope; the segment
+//   events the call causes on its thread carry it, as in PyTorch's allocator. A fixed segment's
+//   SEGMENT_FREE without one carries its SEGMENT_ALLOC's (segment_context gives that to the
+//   snapshot); other segment events without one carry none.
 // - Every attached tracker sees every entry, enabled or not, as PyTorch's allocator does.
 // - Contexts follow PyTorch's allocator: an allocation's (RecordContext STATE or more) is kept for
 //   the snapshot's BlockInfo::context_when_allocated; a free's entries carry the context gathered
 //   at the free (ALL) or else the allocation's; entries carry contexts only with ALLOC or more.
 // - FREE_COMPLETED comes from the device allocator's on_free_completed, when the block may be
-//   handed out again (at once, or after the events of the other streams that used it), with the
-//   device lock held: record_free_completed gathers no context and calls no recorder.
+//   handed out again (at once, or after the events of the other streams that used it), and the
+//   segment events from its on_segment_change, both with the device lock held:
+//   record_free_completed and record_segment gather no context and call no recorder.
+// - Trackers are told each event after it is kept, outside the history's mutex (one for every
+//   device), in the caller's thread: for FREE_COMPLETED and segment events, under that device's
+//   lock, as PyTorch's allocator tells them.
 // - Thread-safe: one mutex. The recorder runs outside it (torch's takes the GIL, and a thread
-//   holding the GIL may be waiting for the mutex: a tensor freed from Python); trackers run
-//   under it and must not allocate through this allocator (PyTorch documents the same rule).
+//   holding the GIL may be waiting for the mutex: a tensor freed from Python); so do trackers,
+//   which must not allocate through this allocator (PyTorch documents the same rule).
 #pragma once
 
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -31,6 +39,8 @@
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "spillway/allocator_config.hpp"
 
 namespace spillway::torch_plugin {
 
@@ -46,19 +56,56 @@ class allocation_history {
   bool active() const noexcept { return active_.load(std::memory_order_relaxed); }
   void attach_tracker(c10::CachingDeviceAllocator::AllocatorTraceTracker tracker);
 
+  // The context an event of kind `what` carries under the current setting (ALLOC and OOM: with
+  // STATE or more; FREE_REQUESTED: with ALL), or null. Calls the recorder: no lock may be held.
+  std::shared_ptr<c10::GatheredContext> gather(action what) const;
+
   // One event (ALLOC, FREE_REQUESTED or OOM); `stream` is the raw stream, `address` the block's
-  // (OOM: the device's free bytes, as PyTorch writes it). ALLOC keeps the allocation's context
-  // (when one is gathered); FREE_REQUESTED hands it to the free.
-  void record(action what, c10::DeviceIndex device, std::size_t address, std::size_t size, void* stream);
+  // (OOM: the device's free bytes, as PyTorch writes it), `context` what gather() gave. ALLOC
+  // keeps the allocation's context; FREE_REQUESTED hands it to the free.
+  void record(action what, c10::DeviceIndex device, std::size_t address, std::size_t size,
+              void* stream, std::shared_ptr<c10::GatheredContext> context);
+  void record(action what, c10::DeviceIndex device, std::size_t address, std::size_t size,
+              void* stream) {
+    if (active()) record(what, device, address, size, stream, gather(what));
+  }
   // The block at `ptr` may be handed out again. Called under the device lock: gathers nothing.
   void record_free_completed(c10::DeviceIndex device, const void* ptr, std::size_t size, void* stream);
+  // Device memory came or went under a segment. Called under the device lock: gathers nothing;
+  // carries the context of this thread's context_scope, if one is open.
+  void record_segment(segment_change what, c10::DeviceIndex device, const void* address,
+                      std::size_t size, void* stream);
+
+  // For one call that may reserve or release segments (an allocation, empty_cache, a budget):
+  // gathers the context an event of kind `what` carries (ALLOC: with STATE or more; a release,
+  // FREE_REQUESTED: with ALL) before the device lock is taken, and until close() or its end lends
+  // it to the segment events of this thread, as PyTorch's allocator passes its call's context.
+  class context_scope {
+   public:
+    context_scope(const allocation_history& history, action what);
+    ~context_scope() { close(); }
+    context_scope(const context_scope&) = delete;
+    context_scope& operator=(const context_scope&) = delete;
+    const std::shared_ptr<c10::GatheredContext>& context() const noexcept { return context_; }
+    void close() noexcept;  // segment events after it carry none of this scope's context
+
+   private:
+    friend class allocation_history;
+    const allocation_history* history_;
+    std::shared_ptr<c10::GatheredContext> context_;
+    context_scope* outer_;  // the scope open before this one on this thread
+    bool open_ = true;
+  };
 
   std::vector<c10::CachingDeviceAllocator::TraceEntry> entries(c10::DeviceIndex device) const;
   std::shared_ptr<c10::GatheredContext> context_of(const void* ptr) const;
+  // The context of the fixed segment at `address` (its SEGMENT_ALLOC's), while it is reserved.
+  std::shared_ptr<c10::GatheredContext> segment_context(const void* address) const;
 
  private:
-  void add_locked(action what, c10::DeviceIndex device, std::size_t address, std::size_t size,
-                  void* stream, std::shared_ptr<c10::GatheredContext> context);
+  void add_releasing_lock(std::unique_lock<std::mutex>& lock, action what, c10::DeviceIndex device,
+                          std::size_t address, std::size_t size, void* stream,
+                          std::shared_ptr<c10::GatheredContext> context);
 
   mutable std::mutex mutex_;
   // Entries are stamped with the approximate (TSC) clock, as PyTorch's are; entries() gives them
@@ -76,7 +123,10 @@ class allocation_history {
   std::unordered_map<const void*, std::shared_ptr<c10::GatheredContext>> live_contexts_;
   // Between a free's request and its completion: the context its entries carry.
   std::unordered_map<const void*, std::shared_ptr<c10::GatheredContext>> freeing_contexts_;
-  std::vector<c10::CachingDeviceAllocator::AllocatorTraceTracker> trackers_;
+  // Fixed segments' contexts, from SEGMENT_ALLOC to SEGMENT_FREE.
+  std::unordered_map<const void*, std::shared_ptr<c10::GatheredContext>> segment_contexts_;
+  using tracker_list = std::vector<c10::CachingDeviceAllocator::AllocatorTraceTracker>;
+  std::shared_ptr<const tracker_list> trackers_;  // null until one is attached
 };
 
 }  // namespace spillway::torch_plugin

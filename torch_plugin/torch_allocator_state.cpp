@@ -1,6 +1,7 @@
 // torch_allocator_state.cpp: torch_allocator's statistics and snapshots, in c10's types.
 // spillway's memory_stats and memory_snapshot are field for field PyTorch's (stats.hpp,
 // snapshot.hpp), so these are copies; the contract is in torch_allocator.hpp.
+#include <algorithm>
 #include <cstddef>
 
 #include "torch_allocator.hpp"
@@ -37,9 +38,8 @@ c10::CachingDeviceAllocator::DeviceStats torch_allocator::getDeviceStats(c10::De
   checked_index(device, "getDeviceStats");
   c10::CachingDeviceAllocator::DeviceStats out;
   // A device spillway has not used yet has all-zero statistics; asking does not create it.
-  const device_allocator* d = devices_->created_device(device);
-  if (d == nullptr) return out;
-  const memory_stats s = d->stats();
+  if (devices_->created_device(device) == nullptr) return out;
+  const memory_stats s = device_stats(device);
   out.allocation = to_c10(s.allocation);
   out.segment = to_c10(s.segment);
   out.active = to_c10(s.active);
@@ -60,9 +60,16 @@ c10::CachingDeviceAllocator::DeviceStats torch_allocator::getDeviceStats(c10::De
   return out;
 }
 
+memory_stats torch_allocator::device_stats(int device) {
+  memory_stats s = devices_->device(device).stats();  // invalid_argument names a bad index
+  s.num_ooms += oversized_ooms_[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
+  return s;
+}
+
 void torch_allocator::resetAccumulatedStats(c10::DeviceIndex device) {
   checked_index(device, "resetAccumulatedStats");
   if (device_allocator* d = devices_->created_device(device)) d->reset_accumulated_stats();
+  oversized_ooms_[static_cast<std::size_t>(device)].store(0, std::memory_order_relaxed);
 }
 
 void torch_allocator::resetPeakStats(c10::DeviceIndex device) {
@@ -76,10 +83,19 @@ std::vector<cca::StreamSegmentSize> torch_allocator::getExpandableSegmentSizes(
   std::vector<cca::StreamSegmentSize> sizes;
   const device_allocator* d = devices_->created_device(device);
   if (d == nullptr) return sizes;
+  // One entry per (stream, pool), as PyTorch has one expandable segment for each: the snapshot
+  // lists each mapped run of it (runs apart once empty_cache unmapped the middle) on its own.
   for (const segment_info& seg : d->snapshot().segments) {
     if (!seg.is_expandable) continue;
-    sizes.emplace_back(reinterpret_cast<cudaStream_t>(seg.stream.value), !seg.is_large,
-                       seg.total_size);
+    const auto stream = reinterpret_cast<cudaStream_t>(seg.stream.value);
+    auto same = std::find_if(sizes.begin(), sizes.end(), [&](const cca::StreamSegmentSize& s) {
+      return s.stream == stream && s.is_small_pool == !seg.is_large;
+    });
+    if (same == sizes.end()) {
+      sizes.emplace_back(stream, !seg.is_large, seg.total_size);
+    } else {
+      same->total_size += seg.total_size;
+    }
   }
   return sizes;
 }
@@ -105,6 +121,9 @@ cca::SnapshotInfo torch_allocator::snapshot(c10::MempoolId_t mempool_id, bool in
       s.stream = reinterpret_cast<void*>(seg.stream.value);
       s.is_large = seg.is_large;
       s.is_expandable = seg.is_expandable;
+      if (!seg.is_expandable) {  // its SEGMENT_ALLOC's, while history keeps contexts
+        s.context_when_allocated = history_.segment_context(reinterpret_cast<const void*>(seg.address));
+      }
       s.blocks.reserve(seg.blocks.size());
       for (const block_info& blk : seg.blocks) {
         c10::CachingDeviceAllocator::BlockInfo b;

@@ -138,6 +138,12 @@ class cuda_device final : public device_backend {
     vmm_->unmap(addr, bytes);
   }
 
+  void grant_vmm_access(int peer) override {
+    if (vmm_->granularity() == 0 || peer == index_) return;  // no VMM pages; its own pages
+    device_guard guard(index_);
+    vmm_->grant_access(peer);
+  }
+
   // --- streams ------------------------------------------------------------------------------------
   stream_ref create_stream() override {
     device_guard guard(index_);

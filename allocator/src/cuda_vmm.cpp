@@ -44,8 +44,10 @@ vmm::vmm(int device) : device_(device) {
   prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop_.location.id = device;  // runtime device index == driver ordinal (both honour CUDA_VISIBLE_DEVICES)
-  access_.location = prop_.location;
-  access_.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CUmemAccessDesc own{};
+  own.location = prop_.location;
+  own.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  access_.push_back(own);
   if (load_driver_api()) query_granularity();
 }
 
@@ -166,11 +168,12 @@ bool vmm::map(void* addr, std::size_t bytes) {
     }
     mapped.emplace_back(page, handle);
   }
-  // One access call for the whole range: it may span several allocations as long as all are mapped.
-  CUresult res = api_.set_access(static_cast<CUdeviceptr>(begin), bytes, &access_, 1);
-  if (res != CUDA_SUCCESS) return fail(res, "cuMemSetAccess(" + range_text(addr, bytes) + ")");
-
+  // One access call for the whole range: it may span several allocations as long as all are
+  // mapped. Under the lock, with the pages recorded in the same hold, so that a grant_access()
+  // either sees these pages or is seen here.
   std::lock_guard lock(mutex_);
+  CUresult res = api_.set_access(static_cast<CUdeviceptr>(begin), bytes, access_.data(), access_.size());
+  if (res != CUDA_SUCCESS) return fail(res, "cuMemSetAccess(" + range_text(addr, bytes) + ")");
   try {
     pages_.insert(mapped.begin(), mapped.end());
   } catch (...) {  // no host memory for the records: mapped pages nobody tracks would leak
@@ -179,6 +182,34 @@ bool vmm::map(void* addr, std::size_t bytes) {
     throw;
   }
   return true;
+}
+
+void vmm::grant_access(int peer) {
+  require_vmm("grant_access");
+  if (peer < 0) {
+    throw invalid_argument("grant_access(" + std::to_string(peer) + ") on cuda:" +
+                           std::to_string(device_) + ": expected a device index >= 0");
+  }
+  CUmemAccessDesc desc{};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = peer;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  std::lock_guard lock(mutex_);
+  for (const CUmemAccessDesc& d : access_) {
+    if (d.location.id == peer) return;  // this device, or a peer granted before
+  }
+  // The pages mapped now, run by run of consecutive pages (one call may span allocations).
+  for (auto it = pages_.begin(); it != pages_.end();) {
+    const std::uintptr_t begin = it->first;
+    std::uintptr_t end = begin + granularity_;
+    for (++it; it != pages_.end() && it->first == end; ++it) end += granularity_;
+    const CUresult res = api_.set_access(static_cast<CUdeviceptr>(begin), end - begin, &desc, 1);
+    if (res != CUDA_SUCCESS) {
+      throw_driver_error(res, "cuMemSetAccess(" + range_text(reinterpret_cast<void*>(begin), end - begin) +
+                                  ") for cuda:" + std::to_string(peer));
+    }
+  }
+  access_.push_back(desc);
 }
 
 // noexcept, so it allocates nothing: the pages are unmapped where the map holds them (under the

@@ -13,6 +13,9 @@
 // - Addresses and sizes must be multiples of granularity() (invalid_argument otherwise).
 // - unmap() / release() are noexcept and ignore driver errors; unmap() skips pages not mapped,
 //   release() first unmaps pages still mapped in its range (cuMemAddressFree requires it).
+// - Pages are mapped read/write for this device and for every peer grant_access() named: the
+//   pages mapped when it is called, and every page mapped after (PyTorch's expandable segments
+//   do the same for enablePeerAccess). A peer is named once; naming it again does nothing.
 // - The caller makes the device current (cuda_call.hpp's device_guard) around every call,
 //   including construction and destruction. All methods are thread-safe.
 #pragma once
@@ -46,6 +49,9 @@ class vmm {
   void release(void* base, std::size_t bytes) noexcept;
   bool map(void* addr, std::size_t bytes);
   void unmap(void* addr, std::size_t bytes) noexcept;
+  // Lets device `peer` (a runtime index) read and write the pages: device_error when the driver
+  // refuses (no peer access between the two devices), with nothing changed for later maps.
+  void grant_access(int peer);
 
  private:
   // The driver functions VMM needs, at the ABI of CUDA 10.2 (unchanged through CUDA 13).
@@ -77,7 +83,8 @@ class vmm {
   int device_;
   driver_api api_;
   CUmemAllocationProp prop_{};
-  CUmemAccessDesc access_{};
+  // This device's access, then each peer's (guarded by mutex_; map() sets them all).
+  std::vector<CUmemAccessDesc> access_;
   std::size_t granularity_ = 0;
   std::string unavailable_reason_;
 

@@ -89,7 +89,7 @@ block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_r
     segments.push_back(*seg);
     count_segments_locked(pool.small(), 1);
   }
-  count_segment_locked(*seg, +1, grow);
+  segment_changed_locked(*seg, +1, seg->address + seg->size, grow);
   if (fresh == nullptr) {  // the free tail grows in place
     pool.erase(tail);
     tail->size += grow;
@@ -161,7 +161,7 @@ block* device_allocator::impl::map_hole_locked(block_pool& pool, stream_ref stre
     if (mapped != hole) block_records.recycle(mapped);
     return nullptr;
   }
-  count_segment_locked(seg, +1, grow);
+  segment_changed_locked(seg, +1, at, grow);
   // Mapped runs (what stats.segment counts). A hole always has a mapped block after it (the top
   // of a segment is never a hole), which its high granules join; its low granules join the run
   // before it, or start one at the segment's base; mapped whole, it joins the runs on both sides.
@@ -257,8 +257,8 @@ std::size_t device_allocator::impl::unmap_block_locked(block*& b) noexcept {
   segment& seg = *b->seg;
   block_pool& pool = pool_of(b);
   pool.erase(b);
+  segment_changed_locked(seg, -1, lo, bytes);
   backend->unmap_physical(reinterpret_cast<void*>(lo), bytes);
-  count_segment_locked(seg, -1, bytes);
   // Pieces, in address order: [b: free, the partial granule below] hole [after: free, above].
   const auto link_after = [&seg](block* left, block* piece) {
     piece->stream = left->stream;

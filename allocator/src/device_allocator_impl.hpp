@@ -154,7 +154,10 @@ struct device_allocator::impl {
   free_status classify_invalid_free_locked(std::uintptr_t address, std::string& message) const noexcept;
   void warn(const std::string& message) const noexcept;
   detail::segment* segment_containing_locked(std::uintptr_t address) const noexcept;
-  void count_segment_locked(const detail::segment& seg, int sign, std::size_t bytes) noexcept;
+  // Device memory came (sign +1) or goes (-1) under seg at [address, address + bytes): counts it
+  // and tells config.on_segment_change (before the memory goes).
+  void segment_changed_locked(const detail::segment& seg, int sign, std::uintptr_t address,
+                              std::size_t bytes) noexcept;
   // stats.segment (aggregate and the pool's) moved by `delta` segments, or mapped runs.
   void count_segments_locked(bool small, std::int64_t delta) noexcept {
     for (int i : {0, small ? 1 : 2}) {

@@ -168,8 +168,18 @@ block* device_allocator::impl::reserve_locked(block_pool& pool, stream_ref strea
                          : reserve_segment_locked(pool, stream, rounded);
 }
 
-void device_allocator::impl::count_segment_locked(const segment& seg, int sign,
-                                                  std::size_t bytes) noexcept {
+void device_allocator::impl::segment_changed_locked(const segment& seg, int sign,
+                                                    std::uintptr_t address,
+                                                    std::size_t bytes) noexcept {
+  if (config.on_segment_change) [[unlikely]] {
+    const segment_change what =
+        seg.expandable ? (sign > 0 ? segment_change::mapped : segment_change::unmapped)
+                       : (sign > 0 ? segment_change::allocated : segment_change::freed);
+    try {
+      config.on_segment_change(what, reinterpret_cast<void*>(address), bytes, seg.stream);
+    } catch (...) {
+    }
+  }
   const int t = seg.small ? static_cast<int>(stat_type::small_pool)
                           : static_cast<int>(stat_type::large_pool);
   for (int i : {0, t}) {
@@ -224,7 +234,7 @@ block* device_allocator::impl::reserve_segment_locked(block_pool& pool, stream_r
   b->seg = seg;
   segments.push_back(*seg);
   count_segments_locked(pool.small(), 1);
-  count_segment_locked(*seg, +1, size);
+  segment_changed_locked(*seg, +1, seg->address, size);
   pool.insert(b);
   return b;
 }
@@ -368,8 +378,8 @@ void device_allocator::impl::release_segment_locked(segment* seg) noexcept {
   if (seg->expandable) {  // nothing is mapped; unmap_free_pages_locked counted its runs
     backend->release_address_range(reinterpret_cast<void*>(seg->address), seg->address_range);
   } else {
+    segment_changed_locked(*seg, -1, seg->address, seg->size);
     backend->release_segment(reinterpret_cast<void*>(seg->address), seg->size);
-    count_segment_locked(*seg, -1, seg->size);
     count_segments_locked(seg->small, -1);
   }
   segments.erase(segments.iterator_to(*seg));

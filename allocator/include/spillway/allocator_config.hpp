@@ -16,6 +16,11 @@ namespace spillway {
 inline constexpr std::size_t unlimited_budget = std::numeric_limits<std::size_t>::max();
 inline constexpr std::size_t no_split_limit = std::numeric_limits<std::size_t>::max();
 
+// What happened to device memory under a segment (allocator_config::on_segment_change), in
+// PyTorch's trace terms: a fixed segment was reserved (SEGMENT_ALLOC) or released (SEGMENT_FREE),
+// or a range of an expandable segment was mapped (SEGMENT_MAP) or unmapped (SEGMENT_UNMAP).
+enum class segment_change { allocated, freed, mapped, unmapped };
+
 struct allocator_config {
   // Cap on reserved (physical) bytes on the device. unlimited_budget: the device's capacity only.
   std::size_t budget = unlimited_budget;
@@ -53,6 +58,16 @@ struct allocator_config {
   // never shows the memory's next allocation first. Like on_warning it must not call back into
   // the allocator; what it throws is dropped. Default: none.
   std::function<void(void* ptr, std::size_t requested_size, stream_ref stream)> on_free_completed;
+
+  // Told when device memory comes or goes under a segment: a fixed segment's whole range at its
+  // reservation and release; an expandable segment's range each time part of it is mapped or
+  // unmapped; `stream` is the segment's. For torch's SEGMENT_* trace entries (NCCL registers
+  // segments with these). Called with the device lock held, after the memory is mapped and
+  // before it is released or unmapped; not at the allocator's destruction. Like
+  // on_free_completed it must not call back into the allocator; what it throws is dropped.
+  // Default: none.
+  std::function<void(segment_change what, void* address, std::size_t bytes, stream_ref stream)>
+      on_segment_change;
 };
 
 }  // namespace spillway

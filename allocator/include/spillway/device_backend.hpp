@@ -69,6 +69,10 @@ class device_backend {
   virtual void release_address_range(void* base, std::size_t bytes) noexcept = 0;
   virtual bool map_physical(void* addr, std::size_t bytes) = 0;
   virtual void unmap_physical(void* addr, std::size_t bytes) noexcept = 0;
+  // Lets device `peer` reach the pages mapped now and every page mapped from then on (PyTorch's
+  // enablePeerAccess for expandable segments; plain segments need only the runtime's peer access,
+  // which is the caller's). The default does nothing: a backend without VMM or without peers.
+  virtual void grant_vmm_access(int peer) { (void)peer; }
 
   // --- streams --------------------------------------------------------------------------------
   virtual stream_ref create_stream() = 0;
