@@ -242,6 +242,12 @@ TEST_CASE("parse_bytes reads exponents exactly") {
   CHECK(parse_bytes("1.5e1 MiB") == 15 * M);
   CHECK(parse_bytes("1e19") == 10'000'000'000'000'000'000ull);
   CHECK(parse_bytes(" 4 GiB ") == 4 * G);
+  CHECK(parse_bytes("1e0005") == 100'000);  // leading zeros of an exponent count for nothing
+  CHECK(parse_bytes("1e000") == 1);
+  // A fraction too long for long double: its first digits decide.
+  CHECK(parse_bytes("0." + std::string(5000, '0') + "1GiB") == 0);
+  CHECK(parse_bytes("1." + std::string(5000, '0') + "1KiB") == K);
+  CHECK(parse_bytes("0.5" + std::string(5000, '9') + "KiB") == 614);  // 0.6 KiB, to the byte
 }
 
 TEST_CASE("parse_bytes refuses bad exponents with the reason") {
@@ -258,6 +264,7 @@ TEST_CASE("parse_bytes refuses bad exponents with the reason") {
   CHECK(contains(error("1e20"), "does not fit in 64 bits"));
   CHECK(contains(error("1e400"), "does not fit in 64 bits"));
   CHECK(contains(error("1.5e0"), "a byte count must be a whole number"));
+  CHECK(contains(error(("1." + std::string(5000, '0') + "1").c_str()), "a byte count must be a whole number"));
   CHECK(contains(error("1e"), "unknown unit \"e\""));
   CHECK(contains(error("16EiB"), "unknown unit \"EiB\""));  // EiB is a unit, not an exponent
   CHECK(contains(error("x"), "e.g. 512MiB, 1.5GiB, 4k, 1e9"));

@@ -302,6 +302,10 @@ TEST_CASE("a bad backend, device count or factory is invalid_argument naming it"
         "spillway: plugin_allocator: device count -2 is invalid: expected >= 0");
   CHECK(message([&] { plugin_allocator(parse_config("backend:sim"), 1, backend_factory{}); })
             .find("the backend factory is empty") != std::string::npos);
+  // A budget for a device that is not there would apply to none.
+  CHECK(message([&] { plugin_allocator(parse_config("backend:sim,budget:1GiB,device:3"), 2, sims.factory()); }) ==
+        "spillway: SPILLWAY_CONF device:3 names no device: expected 0..1 (2 device(s) visible with backend sim)");
+  CHECK_NOTHROW(plugin_allocator(parse_config("backend:sim,budget:1GiB,device:1"), 2, sims.factory()));
   CHECK(sims.calls == 0);
 }
 

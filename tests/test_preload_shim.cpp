@@ -222,6 +222,34 @@ void stream_ordered_allocations() {
   CHECK(cudaStreamDestroy(s2) == cudaSuccess);
 }
 
+// A stream being captured into a graph: its allocations are the runtime's (the graph records its
+// own allocation node), and spillway's memory cannot be freed into the graph.
+void graph_capture() {
+  require_clean();
+  const fake_cudart_counters before = fake_cudart_get_counters();
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreate(&s) == cudaSuccess);
+  void* mine = nullptr;
+  REQUIRE(cudaMallocAsync(&mine, 1 * M, s) == cudaSuccess);  // before the capture: spillway's
+  fake_cudart_set_capturing(s, 1);
+  void* captured = nullptr;
+  REQUIRE(cudaMallocAsync(&captured, 1 * M, s) == cudaSuccess);
+  CHECK(captured != mine);
+  CHECK(fake_cudart_get_counters().async_mallocs == before.async_mallocs + 1);  // the runtime's
+  CHECK(cudaFreeAsync(captured, s) == cudaSuccess);
+  CHECK(fake_cudart_get_counters().async_frees == before.async_frees + 1);
+  CHECK(cudaFreeAsync(mine, s) == cudaErrorStreamCaptureUnsupported);
+  CHECK(contains(proc().error(), "being captured into a graph"));
+  void* other = nullptr;  // another stream, not captured: spillway's again, and mine stays live
+  REQUIRE(cudaMallocAsync(&other, 1 * M, nullptr) == cudaSuccess);
+  CHECK(other != mine);
+  fake_cudart_set_capturing(s, 0);
+  CHECK(cudaFreeAsync(mine, s) == cudaSuccess);  // after the capture
+  CHECK(cudaFreeAsync(other, nullptr) == cudaSuccess);
+  CHECK(fake_cudart_get_counters().async_mallocs == before.async_mallocs + 1);
+  CHECK(cudaStreamDestroy(s) == cudaSuccess);
+}
+
 // cudaStreamPerThread is one handle for each thread's own stream, so its frees are not ordered
 // for another thread: the shim waits for the freeing thread's stream first (Note [Preload
 // streams]). Other streams' frees stay asynchronous.
@@ -294,6 +322,7 @@ void threads_allocate_concurrently() {
   }                                                                                                 \
   TEST_CASE("stream-ordered allocations" * doctest::test_suite(suite)) { stream_ordered_allocations(); } \
   TEST_CASE("argument checks" * doctest::test_suite(suite)) { argument_checks(); }                 \
+  TEST_CASE("graph capture" * doctest::test_suite(suite)) { graph_capture(); }                    \
   TEST_CASE("per-thread stream frees wait for the stream" * doctest::test_suite(suite)) {          \
     per_thread_stream_frees_wait_for_the_stream();                                                 \
   }                                                                                                \

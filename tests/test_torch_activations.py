@@ -416,6 +416,30 @@ class CheckpointRecompute(unittest.TestCase):
         b = model(x)
         self.assertTrue(torch.equal(a, b))
 
+    def test_a_manager_that_cannot_be_entered_leaves_no_trace(self):
+        # Saved-tensor hooks disabled (torch.func transforms do this): entering fails, and
+        # checkpoint after it is not routed to a manager whose scope never began.
+        acts = spillway.activations()
+        with torch.autograd.graph.disable_saved_tensors_hooks("no hooks here"):
+            with self.assertRaises(RuntimeError):
+                with acts:
+                    pass
+        self.assertIsNone(spillway.saved_activations._current_manager())
+
+    def test_managers_exited_out_of_order_leave_the_other_current(self):
+        a, b = spillway.activations(), spillway.activations()
+        a.__enter__()
+        b.__enter__()
+        a.__exit__(None, None, None)  # out of order, as an ExitStack misused could
+        self.assertIs(spillway.saved_activations._current_manager(), b)
+        b.__exit__(None, None, None)
+        self.assertIsNone(spillway.saved_activations._current_manager())
+        with a:  # and a manager entered twice, nested, is current until its inner exit
+            with a:
+                self.assertIs(spillway.saved_activations._current_manager(), a)
+            self.assertIs(spillway.saved_activations._current_manager(), a)
+        self.assertIsNone(spillway.saved_activations._current_manager())
+
 
 class Spill(unittest.TestCase):
     def test_spilled_activations_come_back_identical(self):

@@ -57,6 +57,23 @@ class Package(unittest.TestCase):
             C.raw_free(p)
             assert spillway.empty_cache() > 0
             assert spillway.stats()["reserved_bytes.all.current"] == 0
+            # A block that leaves more in use than the outer budget: restored all the same, with a
+            # warning, and the block's own exception goes on as it was.
+            import torch, warnings
+            spillway.set_budget("64MiB")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    with spillway.budget("128MiB"):
+                        big = C.raw_alloc(100 << 20)
+                        raise KeyError("the block's")
+                except KeyError as e:
+                    assert "the block's" in str(e), e
+            assert spillway.get_budget() == 64 << 20
+            assert any("restoring the budget" in str(w.message) for w in caught), caught
+            C.raw_free(big)
+            assert spillway.get_budget(torch.device("cuda")) == 64 << 20  # the current device
+            spillway.set_budget(None)
             for bad in (1, 256, -1):  # one simulated device; 256 is not device 0 in disguise
                 try:
                     spillway.stats(bad)

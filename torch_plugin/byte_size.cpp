@@ -2,6 +2,7 @@
 #include "byte_size.hpp"
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -80,8 +81,9 @@ std::size_t parse_bytes(std::string_view text) {
     ++i;
     if (s[i] == '-') bad_size(text, "the exponent cannot be negative");
     if (s[i] == '+') ++i;
-    const std::string_view exp_digits = take_digits(s, i);
+    std::string_view exp_digits = take_digits(s, i);
     if (exp_digits.empty()) bad_size(text, "an exponent must be followed by digits");
+    exp_digits.remove_prefix(std::min(exp_digits.find_first_not_of('0'), exp_digits.size() - 1));
     const bool nonzero = (whole + fraction).find_first_not_of('0') != std::string::npos;
     if (exp_digits.size() > 3 || std::stoi(std::string(exp_digits)) > 40) {
       if (nonzero) bad_size(text, "it does not fit in 64 bits");
@@ -112,8 +114,13 @@ std::size_t parse_bytes(std::string_view text) {
   }
   if (__builtin_mul_overflow(total, mult, &total)) bad_size(text, "it does not fit in 64 bits");
   if (!fraction.empty()) {
-    const long double part = std::stold("0." + fraction) * static_cast<long double>(mult);
-    if (mult == 1 && part != 0.0L) bad_size(text, "a byte count must be a whole number");
+    if (mult == 1 && fraction.find_first_not_of('0') != std::string::npos) {
+      bad_size(text, "a byte count must be a whole number");
+    }
+    // 40 digits decide the nearest byte of any unit (at most 2^60 bytes); more could only make
+    // stold underflow.
+    const long double part =
+        std::stold("0." + fraction.substr(0, 40)) * static_cast<long double>(mult);
     const auto rounded = static_cast<std::uint64_t>(std::llroundl(part));
     if (__builtin_add_overflow(total, rounded, &total)) bad_size(text, "it does not fit in 64 bits");
   }

@@ -18,6 +18,13 @@ plugin_allocator::plugin_allocator(plugin_config config, int device_count,
     throw invalid_argument("spillway: plugin_allocator: device count " + std::to_string(device_count_) +
                            " is invalid: expected >= 0");
   }
+  if (config_.device && *config_.device >= device_count_) {
+    // Else the budget would silently apply to no device (CUDA_VISIBLE_DEVICES renumbers them).
+    throw invalid_argument("spillway: SPILLWAY_CONF device:" + std::to_string(*config_.device) +
+                           " names no device: expected 0.." + std::to_string(device_count_ - 1) +
+                           " (" + std::to_string(device_count_) + " device(s) visible with backend " +
+                           config_.backend + ")");
+  }
   if (!make_backend_) {
     throw invalid_argument("spillway: plugin_allocator: the backend factory is empty: expected a "
                            "function that makes a device's backend (make_backends)");

@@ -35,6 +35,13 @@
 // each thread, and one pool: a block freed on it by one thread could go at once to another thread,
 // whose stream nothing orders after the free. So a cudaFreeAsync on it synchronises the calling
 // thread's stream first (a host wait per such free: correct before fast).
+// cudaMallocAsync serves the stream's device (cudaStreamGetDevice), as the runtime's pools do, not
+// the current one. On a stream being captured into a CUDA graph it is the real function's: the
+// graph records an allocation node of its own, and the pointer, foreign to spillway, is freed by
+// the real functions too. spillway's own memory cannot be freed inside a capture (the graph
+// cannot free it, and giving it back to the pool at once would hand it out while every replay
+// still writes it): such a cudaFreeAsync fails with cudaErrorStreamCaptureUnsupported and the
+// memory stays live.
 // With backend sim every stream is the simulated device's default stream: the simulated device
 // cannot see the program's streams.
 #include <cuda_runtime_api.h>
@@ -93,13 +100,34 @@ cudaError_t failed(const std::exception& e, cudaError_t code) noexcept {
   return code;
 }
 
-cudaError_t allocate(void** ptr, size_t size, bool async, cudaStream_t stream, cudaStream_t null_stream) {
+// Whether work queued on `stream` (0: `null_stream`) now goes into a graph being captured, or the
+// runtime's error when it cannot say (then the real function gives the caller that error).
+cudaError_t capture_status(cudaStream_t stream, cudaStream_t null_stream, bool& capturing) noexcept {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t err = cudaStreamIsCapturing(stream != nullptr ? stream : null_stream, &status);
+  capturing = err == cudaSuccess && status != cudaStreamCaptureStatusNone;
+  return err;
+}
+
+// cudaMalloc (async: false) or cudaMallocAsync on `stream`. Stream-ordered memory comes from the
+// stream's device, as the runtime's pools give it; a stream being captured gets the real
+// function, so that the graph records its own allocation (Note [Preload streams]).
+cudaError_t allocate(void** ptr, size_t size, bool async, cudaStream_t stream, cudaStream_t null_stream,
+                     cudaError_t (*real_async)(void**, size_t, cudaStream_t)) {
   if (ptr == nullptr) return cudaErrorInvalidValue;
+  if (async) {
+    bool capturing = false;
+    if (capture_status(stream, null_stream, capturing) != cudaSuccess || capturing) {
+      return call_real(real_async, ptr, size, stream);
+    }
+  }
   spillway::plugin_allocator* a = allocator();
   if (a == nullptr) return cudaErrorInitializationError;
   try {
     int device = 0;
-    if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+    const cudaError_t err = async ? cudaStreamGetDevice(stream != nullptr ? stream : null_stream, &device)
+                                  : cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
     const spillway::stream_ref pool = async ? async_pool(*a, stream, null_stream) : sync_pool;
     *ptr = a->allocate(device, size, pool);
     return cudaSuccess;
@@ -135,6 +163,16 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, cudaStream_t null_stream,
   spillway::plugin_allocator* a = allocator();
   spillway::device_allocator* d = holder(a, ptr);
   if (d == nullptr) return call_real(real_fn, ptr, stream);
+  bool capturing = false;
+  if (cudaError_t err = capture_status(stream, null_stream, capturing); err != cudaSuccess) return err;
+  if (capturing) {
+    // A graph can free only what it allocated: spillway's memory would go back to its pool now,
+    // while every replay of the graph still writes it. Refused; the memory stays live.
+    set_last_error("spillway: cudaFreeAsync(" + spillway::format_pointer(ptr) +
+                   ") on a stream being captured into a graph: the memory is spillway's, not the "
+                   "graph's, and cannot be freed by it; free it outside the capture");
+    return cudaErrorStreamCaptureUnsupported;
+  }
   const spillway::stream_ref pool = async_pool(*a, stream, null_stream);
   if (pool == spillway::stream_ref{reinterpret_cast<std::uintptr_t>(cudaStreamPerThread)}) {
     // One handle names every thread's own stream (Note [Preload streams]): its pool can hand the
@@ -157,19 +195,19 @@ extern "C" {
 cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (entry_scope::active()) return call_real(real().malloc, ptr, size);  // Note [Preload re-entrancy]
   entry_scope scope;
-  return allocate(ptr, size, false, nullptr, nullptr);
+  return allocate(ptr, size, false, nullptr, nullptr, nullptr);
 }
 
 cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
   if (entry_scope::active()) return call_real(real().malloc_async, ptr, size, stream);
   entry_scope scope;
-  return allocate(ptr, size, true, stream, cudaStreamLegacy);
+  return allocate(ptr, size, true, stream, cudaStreamLegacy, real().malloc_async);
 }
 
 cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream) {
   if (entry_scope::active()) return call_real(real().malloc_async_ptsz, ptr, size, stream);
   entry_scope scope;
-  return allocate(ptr, size, true, stream, cudaStreamPerThread);
+  return allocate(ptr, size, true, stream, cudaStreamPerThread, real().malloc_async_ptsz);
 }
 
 cudaError_t cudaFree(void* ptr) {

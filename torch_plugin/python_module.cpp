@@ -312,11 +312,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("backend", [] { return require_installed("backend").config().backend; });
   m.def("device_count", [] { return require_installed("device_count").devices().device_count(); });
 
+  // accept_below_live: set even below the memory in use (allocations that need new memory then
+  // wait for frees), as a restore must; else a ValueError that leaves the old budget.
   m.def("set_budget",
-        [](int device, std::optional<std::size_t> bytes) {
+        [](int device, std::optional<std::size_t> bytes, bool accept_below_live) {
           torch_allocator& a = require_installed("set_budget");
-          const budget_report r =
-              a.devices().device(device).set_budget(bytes.value_or(unlimited_budget));
+          const budget_report r = a.devices().device(device).set_budget(
+              bytes.value_or(unlimited_budget),
+              accept_below_live ? below_live::accept : below_live::refuse);
           py::dict d;
           d["budget"] = budget_value(r.budget);
           d["reserved"] = r.reserved;
@@ -324,7 +327,7 @@ PYBIND11_MODULE(_C, m) {
           d["shortfall"] = r.shortfall;
           return d;
         },
-        py::arg("device"), py::arg("bytes"));
+        py::arg("device"), py::arg("bytes"), py::arg("accept_below_live") = false);
 
   m.def("get_budget", [](int device) {
     return budget_value(require_installed("get_budget").devices().device(device).budget());

@@ -23,6 +23,7 @@ struct state {
   std::unordered_map<void*, allocation> allocations;
   std::unordered_set<std::uintptr_t> streams;
   std::unordered_set<std::uintptr_t> events;
+  std::unordered_set<std::uintptr_t> capturing;  // streams fake_cudart_set_capturing marked
   std::uintptr_t next_handle = 0x1000;  // above cudaStreamLegacy / cudaStreamPerThread
   fake_cudart_counters counters{};
 };
@@ -121,6 +122,16 @@ fake_cudart_counters fake_cudart_get_counters(void) {
   state& s = the_state();
   std::lock_guard lock(s.mutex);
   return s.counters;
+}
+
+void fake_cudart_set_capturing(cudaStream_t stream, int capturing) {
+  state& s = the_state();
+  std::lock_guard lock(s.mutex);
+  if (capturing) {
+    s.capturing.insert(reinterpret_cast<std::uintptr_t>(stream));
+  } else {
+    s.capturing.erase(reinterpret_cast<std::uintptr_t>(stream));
+  }
 }
 
 // --- errors -----------------------------------------------------------------------------------
@@ -297,6 +308,23 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     ++s.counters.per_thread_syncs;
   }
   return check_stream(stream);
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* status) {
+  if (status == nullptr) return fail(cudaErrorInvalidValue);
+  if (cudaError_t e = check_stream(stream); e != cudaSuccess) return e;
+  state& s = the_state();
+  std::lock_guard lock(s.mutex);
+  *status = s.capturing.count(reinterpret_cast<std::uintptr_t>(stream)) != 0 ? cudaStreamCaptureStatusActive
+                                                                          : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device) {
+  if (device == nullptr) return fail(cudaErrorInvalidValue);
+  if (cudaError_t e = check_stream(stream); e != cudaSuccess) return e;
+  *device = 0;  // the one device
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {

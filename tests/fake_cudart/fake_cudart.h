@@ -9,7 +9,9 @@
  * - every operation completes at once (copies and memsets are memcpy and memset; events are always
  *   complete; synchronisation returns at once); streams and events are distinct tokens;
  * - no driver entry points: VMM (expandable segments) is unavailable;
- * - the thread's last error, as the real runtime keeps it.
+ * - the thread's last error, as the real runtime keeps it;
+ * - cudaStreamIsCapturing, from marks a test sets (fake_cudart_set_capturing), and
+ *   cudaStreamGetDevice (0).
  * The counters say which calls reached the runtime, so tests can tell spillway's work from
  * the runtime's. */
 #ifndef SPILLWAY_FAKE_CUDART_H
@@ -17,6 +19,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -37,6 +41,10 @@ typedef struct fake_cudart_counters {
 } fake_cudart_counters;
 
 fake_cudart_counters fake_cudart_get_counters(void);
+
+/* Marks `stream` as being captured into a graph (cudaStreamIsCapturing reports it) or not. The
+ * fake runtime records no graph: tests use it to see who would have served what. */
+void fake_cudart_set_capturing(cudaStream_t stream, int capturing);
 
 #ifdef __cplusplus
 }

@@ -173,7 +173,7 @@ def _device_index(device):
             return torch.cuda.current_device()
         return 0
     if isinstance(device, torch.device):
-        return 0 if device.index is None else device.index
+        return _device_index(None) if device.index is None else device.index  # "cuda": the current
     if isinstance(device, str):
         return _device_index(torch.device(device))
     return int(device)
@@ -194,14 +194,22 @@ def get_budget(device=None):
 
 @contextlib.contextmanager
 def budget(bytes, device=None):
-    """Within the block, `device` has this budget; the previous one is restored on exit."""
+    """Within the block, `device` has this budget; the previous one is restored on exit, even when
+    the block left more memory in use than it allows (a warning says so: allocations that need new
+    memory then wait for frees, as under a memory fraction). An exception from the block goes on
+    as it was."""
     index = _device_index(device)
     previous = _C.get_budget(index)
     report = _C.set_budget(index, parse_size(bytes))
     try:
         yield report
     finally:
-        _C.set_budget(index, previous)
+        restored = _C.set_budget(index, previous, accept_below_live=True)
+        if restored["shortfall"] > 0:
+            warnings.warn(
+                f"spillway: restoring the budget of {previous} bytes on device {index} left "
+                f"{restored['shortfall']} bytes reserved above it; allocations that need new "
+                "memory will wait for frees", RuntimeWarning, stacklevel=3)
 
 
 def stats(device=None):

@@ -72,7 +72,7 @@ from torch.utils import _pytree
 from . import _C
 
 _default_policy = "dtr"
-_active = threading.local()  # .stack: managers entered on this thread
+_active = threading.local()  # .stack: (manager, its hooks) entered on this thread, innermost last
 
 
 def _set_default_policy(name):
@@ -187,18 +187,24 @@ class ActivationManager:
         return handle if isinstance(handle, torch.Tensor) else self._m.unpack(handle)
 
     def __enter__(self):
+        hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+        hooks.__enter__()  # may refuse (saved-tensor hooks disabled): then nothing has changed
         stack = getattr(_active, "stack", None)
         if stack is None:
             stack = _active.stack = []
-        stack.append(self)
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-        self._hooks.__enter__()
+        stack.append((self, hooks))  # one entry per entering: a manager may be entered twice
         return self
 
     def __exit__(self, *exc):
-        self._hooks.__exit__(*exc)
-        _active.stack.pop()
-        self._m.end_scope()  # what the last packs could not evict yet; the last segment goes
+        stack = _active.stack
+        # This manager's innermost entry, wherever it is: managers exited out of order leave the
+        # others' entries in place.
+        at = max(i for i, (m, _) in enumerate(stack) if m is self)
+        _, hooks = stack.pop(at)
+        try:
+            hooks.__exit__(*exc)
+        finally:
+            self._m.end_scope()  # what the last packs could not evict yet; the last segment goes
         return False
 
     # --- checkpoint segments ------------------------------------------------------------------
@@ -307,7 +313,7 @@ def activations(max_resident=None, mode="hybrid", policy=None, prefetch=2, min_b
 
 def _current_manager():
     stack = getattr(_active, "stack", None)
-    return stack[-1] if stack else None
+    return stack[-1][0] if stack else None
 
 
 def checkpoint(fn, *args, **kwargs):
