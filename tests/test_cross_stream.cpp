@@ -17,6 +17,7 @@
 #include "allocator_checks.hpp"
 #include "backend_fixture.hpp"
 #include "spillway/device_allocator.hpp"
+#include "forwarding_backend.hpp"
 #include "spillway/errors.hpp"
 
 using namespace spillway;
@@ -68,6 +69,26 @@ TEST_CASE("deallocate says freed for own-stream blocks and deferred after record
   env->sim->run_until_idle();
   alloc.empty_cache();
   CHECK(alloc.stats().active[0].current == 0);
+}
+
+TEST_CASE("deallocate says freed when no event could be recorded and the streams were waited for") {
+  struct no_events final : forwarding_backend {
+    using forwarding_backend::forwarding_backend;
+    void before(backend_call c) override {
+      if (c == backend_call::record_event) throw device_error("injected: no event");
+    }
+  };
+  auto env = make_sim_env();
+  auto backend = std::make_shared<no_events>(env->backend);
+  device_allocator alloc(backend, env->config());
+  const stream_ref a = env->new_stream();
+  const stream_ref b = env->new_stream();
+  void* p = alloc.allocate(4096, a);
+  alloc.record_stream(p, b);
+  CHECK(alloc.deallocate(p) == free_status::freed);  // b was waited for: nothing is pending
+  CHECK(state_of(alloc, p) == block_state::inactive);
+  CHECK(alloc.allocate(4096, a) == p);
+  check_stats_match_snapshot(alloc.stats(), alloc.snapshot());
 }
 
 TEST_CASE("a block is not reused while a held stream that used it has not run") {

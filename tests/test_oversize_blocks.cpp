@@ -70,6 +70,27 @@ TEST_CASE("an oversize cached block is not split and keeps to requests of its cl
   CHECK(alloc.stats().oversize_segments.peak == 2);
 }
 
+TEST_CASE("a request just under the limit reuses the segment rounding made oversize") {
+  // 63 MiB gets a 64 MiB segment: at the limit, so oversize. The same request must be served by
+  // it again, not by a new segment every time (nor, under a budget, a release and a sync).
+  auto env = make_sim_env();
+  device_allocator alloc(env->backend, with_limit(*env, 64 * MiB));
+  void* first = alloc.allocate(63 * MiB);
+  CHECK(alloc.describe(first).segment_size == 64 * MiB);
+  alloc.deallocate(first);
+  for (int i = 0; i < 4; ++i) {
+    void* again = alloc.allocate(63 * MiB);
+    CHECK(again == first);
+    alloc.deallocate(again);
+  }
+  CHECK(alloc.stats().num_device_alloc == 1);
+  // Anything smaller still does not take it (the block is never split).
+  void* smaller = alloc.allocate(61 * MiB);
+  CHECK(smaller != first);
+  alloc.deallocate(smaller);
+  check_consistent(alloc);
+}
+
 TEST_CASE("under a budget an unusable oversize segment is given back for a small request") {
   auto env = make_sim_env();
   allocator_config c = with_limit(*env, 64 * MiB);

@@ -282,6 +282,14 @@ void argument_checks() {
   void* p = reinterpret_cast<void*>(0x1);
   CHECK(cudaMalloc(&p, 0) == cudaSuccess);
   CHECK(p == nullptr);
+  CHECK(cudaMalloc(&p, std::size_t{1} << 60) == cudaErrorMemoryAllocation);  // as the runtime says
+  if (is_cuda_backend()) {
+    // A fault the device reports reaches the program as that fault, not cudaErrorUnknown.
+    REQUIRE(cudaMalloc(&p, 1024) == cudaSuccess);
+    fake_cudart_fail_next_device_sync(cudaErrorIllegalAddress);
+    CHECK(cudaFree(p) == cudaErrorIllegalAddress);  // cudaFree synchronises the device first
+    CHECK(contains(proc().error(), "cudaErrorIllegalAddress"));
+  }
 }
 
 void threads_allocate_concurrently() {

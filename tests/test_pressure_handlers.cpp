@@ -25,6 +25,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "allocator_checks.hpp"
@@ -255,6 +256,43 @@ TEST_CASE("a throwing handler is reported, without the lock, and the next handle
   self = nullptr;
   alloc.deallocate(x);
   alloc.deallocate(b);
+}
+
+TEST_CASE("while set_budget's handlers run, allocations are held to the new budget") {
+  // The handlers run without the lock. An allocation meanwhile (here from inside the handler, as
+  // another thread's could come) took the old budget's room back, and a budget the handler's
+  // eviction alone would have met was refused.
+  auto env = make_sim_env();
+  allocator_config c = env->config();
+  c.budget = 100 * MiB;
+  device_allocator alloc(env->backend, c);
+  void* held = alloc.allocate(40 * MiB);
+  void* meanwhile = nullptr;
+  bool refused = false, inside = false;
+  alloc.add_pressure_handler([&](const pressure_request&) -> pressure_result {
+    if (inside || held == nullptr) return {};
+    inside = true;
+    try {
+      meanwhile = alloc.allocate(35 * MiB);
+    } catch (const out_of_memory&) {
+      refused = true;
+    }
+    inside = false;
+    alloc.deallocate(std::exchange(held, nullptr));
+    return {40 * MiB, 0};
+  });
+  const budget_report r = alloc.set_budget(30 * MiB);
+  CHECK(refused);
+  CHECK(meanwhile == nullptr);
+  CHECK(r.met());
+  CHECK(alloc.budget() == 30 * MiB);
+
+  // Refused in the end: the old budget is back.
+  void* big = alloc.allocate(25 * MiB);
+  CHECK_THROWS_AS(alloc.set_budget(10 * MiB), invalid_argument);
+  CHECK(alloc.budget() == 30 * MiB);
+  CHECK(alloc.stats().budget == static_cast<std::int64_t>(30 * MiB));
+  alloc.deallocate(big);
 }
 
 TEST_CASE("a removed handler is not called") {

@@ -181,6 +181,13 @@ TEST_CASE("vmm: ranges are aligned; maps count against capacity; pages hold data
   CHECK(all_zero(base + 2 * k_gran, k_gran));
   CHECK(std::memcmp(base + 3 * k_gran, want.data(), k_gran) == 0);  // its neighbour kept its bytes
 
+  // Not whole granules: CUDA refuses it, so nothing changes; the call is counted.
+  dev.unmap_physical(base + 3 * k_gran, k_gran / 2);
+  dev.unmap_physical(base + 3 * k_gran + k_gran / 2, k_gran / 2);
+  CHECK(dev.counters().misaligned_unmaps == 2);
+  CHECK(dev.counters().used_bytes == 3 * k_gran);
+  CHECK(std::memcmp(base + 3 * k_gran, want.data(), k_gran) == 0);
+
   // A span with mapped and unmapped pages unmaps the mapped ones.
   dev.unmap_physical(base, 8 * k_gran);
   CHECK(dev.counters().used_bytes == 0);

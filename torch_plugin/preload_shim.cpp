@@ -53,6 +53,7 @@
 #include "process_instance.hpp"
 #include "real_cudart.hpp"
 #include "spillway/errors.hpp"
+#include "spillway/size_classes.hpp"
 
 // Declared by cuda_runtime_api.h only when a program is built for per-thread default streams.
 extern "C" cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream);
@@ -100,6 +101,13 @@ cudaError_t failed(const std::exception& e, cudaError_t code) noexcept {
   return code;
 }
 
+// A failure of the device: the runtime's own code when the backend's error carries one (a fault
+// the device reported stays that fault), else cudaErrorUnknown.
+cudaError_t device_failed(const std::exception& e) noexcept {
+  const auto* d = dynamic_cast<const spillway::device_error*>(&e);
+  return failed(e, d != nullptr && d->code() != 0 ? static_cast<cudaError_t>(d->code()) : cudaErrorUnknown);
+}
+
 // Whether work queued on `stream` (0: `null_stream`) now goes into a graph being captured, or the
 // runtime's error when it cannot say (then the real function gives the caller that error).
 cudaError_t capture_status(cudaStream_t stream, cudaStream_t null_stream, bool& capturing) noexcept {
@@ -134,9 +142,11 @@ cudaError_t allocate(void** ptr, size_t size, bool async, cudaStream_t stream, c
   } catch (const spillway::out_of_memory& e) {
     return failed(e, cudaErrorMemoryAllocation);
   } catch (const spillway::invalid_argument& e) {
-    return failed(e, cudaErrorInvalidValue);
+    // Over what any device could hold is out of memory, as the runtime has it.
+    return failed(e, size > spillway::size_classes::max_request_size ? cudaErrorMemoryAllocation
+                                                                     : cudaErrorInvalidValue);
   } catch (const std::exception& e) {
-    return failed(e, cudaErrorUnknown);
+    return device_failed(e);
   }
 }
 
@@ -221,7 +231,7 @@ cudaError_t cudaFree(void* ptr) {
   try {
     d->backend().synchronize_device();  // what the real cudaFree does: Note [Preload streams]
   } catch (const std::exception& e) {
-    sync = failed(e, cudaErrorUnknown);
+    sync = device_failed(e);
   }
   const cudaError_t freed = release(*a, ptr);
   return freed != cudaSuccess ? freed : sync;
@@ -255,7 +265,7 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   } catch (const spillway::invalid_argument& e) {
     return failed(e, cudaErrorInvalidValue);
   } catch (const std::exception& e) {
-    return failed(e, cudaErrorUnknown);
+    return device_failed(e);
   }
 }
 

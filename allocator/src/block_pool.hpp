@@ -74,8 +74,13 @@ class block_pool {
   stat_type type() const noexcept { return small_ ? stat_type::small_pool : stat_type::large_pool; }
   // Note [Oversize blocks]: an oversize block serves only a request of at least max_split_size,
   // and one less than a large segment (20 MiB) smaller than itself.
+  // At or above the limit, a block less than 20 MiB larger; below it, only a block less than the
+  // segment rounding larger: the segment such a request gets of its own when that rounding takes
+  // it to the limit (a 63 MiB request under a 64 MiB limit), which must serve it again.
   bool oversize_serves(std::size_t block_size, std::size_t size) const noexcept {
-    return size >= max_split_size_ && block_size - size < size_classes::large_segment_size;
+    const std::size_t waste = block_size - size;
+    return size >= max_split_size_ ? waste < size_classes::large_segment_size
+                                   : waste < size_classes::segment_rounding;
   }
 
   bool small_;

@@ -11,7 +11,8 @@ std::string cuda_error_text(cudaError_t err) {
 
 void throw_cuda_error(cudaError_t err, const std::string& call, int device) {
   clear_error(err);  // it travels as this exception from now on
-  throw device_error(call + " on cuda:" + std::to_string(device) + " failed: " + cuda_error_text(err));
+  throw device_error(call + " on cuda:" + std::to_string(device) + " failed: " + cuda_error_text(err),
+                     static_cast<int>(err));
 }
 
 // cudaSetDevice runs even when the device is already current: it also makes the device's primary

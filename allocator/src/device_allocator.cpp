@@ -203,8 +203,8 @@ free_status device_allocator::deallocate(void* ptr) noexcept {
         m.free_block_locked(b);
         return free_status::freed;
       }
-      m.defer_free_locked(b);
-      return free_status::deferred;
+      // Freed at once after all when no event could be recorded and the streams were waited for.
+      return m.defer_free_locked(b) ? free_status::freed : free_status::deferred;
     }
     ++m.stats.num_invalid_frees;
     status = m.classify_invalid_free_locked(address, message);
@@ -254,7 +254,7 @@ void device_allocator::impl::insert_free_locked(block* b) noexcept {
 
 // Records an event on every other stream that used the block; the block becomes free when all of
 // them have completed (reap_completed_events_locked). See Note [Cross-stream frees].
-void device_allocator::impl::defer_free_locked(block* b) noexcept {
+bool device_allocator::impl::defer_free_locked(block* b) noexcept {
   b->status = block_status::pending_free;
   ++b->seg->pending_blocks;
   for (stream_ref s : b->stream_uses) {
@@ -297,7 +297,9 @@ void device_allocator::impl::defer_free_locked(block* b) noexcept {
       }
     }
   }
-  if (b->pending_events == 0) free_block_locked(b);
+  if (b->pending_events != 0) return false;
+  free_block_locked(b);
+  return true;
 }
 
 void device_allocator::record_stream(void* ptr, stream_ref stream) {

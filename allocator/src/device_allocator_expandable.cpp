@@ -56,7 +56,15 @@ block* device_allocator::impl::grow_expandable_locked(block_pool& pool, stream_r
   }
   // Records first: they are the steps that can throw, and nothing has happened yet.
   block* fresh = have > 0 ? nullptr : block_records.make();
-  segment* created = seg == nullptr ? segment_records.make() : nullptr;
+  segment* created = nullptr;
+  if (seg == nullptr) {
+    try {
+      created = segment_records.make();
+    } catch (...) {
+      if (fresh != nullptr) block_records.recycle(fresh);
+      throw;
+    }
+  }
   void* base = nullptr;     // a newly reserved range
   bool mapped = false;
   const auto give_back = [&] {  // on nullptr and on a device_error alike

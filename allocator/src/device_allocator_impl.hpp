@@ -98,7 +98,9 @@ struct device_allocator::impl {
   void set_max_split_size_locked();
   void free_block_locked(detail::block* b) noexcept;
   void insert_free_locked(detail::block* b) noexcept;
-  void defer_free_locked(detail::block* b) noexcept;
+  // True when b went back to its pool at once (no event could be recorded: the streams were
+  // waited for instead).
+  bool defer_free_locked(detail::block* b) noexcept;
   std::size_t reserved_locked() const noexcept {
     return static_cast<std::size_t>(stats.reserved_bytes[0].current);
   }

@@ -203,7 +203,13 @@ block* device_allocator::impl::reserve_segment_locked(block_pool& pool, stream_r
   if (!fits_budget_locked(size)) return nullptr;
 
   segment* seg = segment_records.make();
-  block* b = block_records.make();
+  block* b = nullptr;
+  try {
+    b = block_records.make();
+  } catch (...) {
+    segment_records.recycle(seg);  // host memory ran out: nothing else has happened
+    throw;
+  }
   void* base = nullptr;
   {
     undo_on_throw guard{[&] {
@@ -396,7 +402,13 @@ budget_report device_allocator::impl::set_budget_releasing_lock(std::unique_lock
                            ": a budget must be at least 1 byte (unlimited_budget for none)");
   }
   budget_report report;
+  const std::size_t old_budget = budget;
+  const auto set_locked = [&](std::size_t b) {
+    budget = b;
+    stats.budget = b == unlimited_budget ? -1 : static_cast<std::int64_t>(b);
+  };
   const auto refuse = [&] {
+    set_locked(old_budget);
     std::ostringstream m;
     m << "spillway: set_budget(" << format_bytes(bytes) << ") on device " << device
       << ": the budget is below the " << format_bytes(allocated_locked())
@@ -413,6 +425,9 @@ budget_report device_allocator::impl::set_budget_releasing_lock(std::unique_lock
     reap_completed_events_locked();
     report.released += release_cached_locked();
     if (reserved_locked() > bytes && !handlers.empty()) {
+      // Held to the new budget while the handlers run unlocked: other threads' allocations must
+      // not take back what they free (a refusal puts the old one back).
+      if (bytes < budget) set_locked(bytes);
       pressure_request r = make_request_locked(large_pool, stream_ref{}, 0);
       r.bytes = 0;
       r.budget = bytes;
@@ -425,8 +440,7 @@ budget_report device_allocator::impl::set_budget_releasing_lock(std::unique_lock
     // Handlers evicted what they could; evicted data is not lost (spilled or recomputable).
     if (strict && allocated_locked() > bytes) refuse();
   }
-  budget = bytes;
-  stats.budget = bytes == unlimited_budget ? -1 : static_cast<std::int64_t>(bytes);
+  set_locked(bytes);
   report.budget = bytes;
   report.reserved = reserved_locked();
   report.shortfall = report.reserved > bytes ? report.reserved - bytes : 0;

@@ -221,14 +221,14 @@ void sim_memory::unmap(void* addr, std::size_t bytes) noexcept {
   const auto a = reinterpret_cast<std::uintptr_t>(addr);
   if (g == 0 || bytes == 0) return;
   if (a % g != 0 || bytes % g != 0) {
-    ++counters_.misaligned_unmaps;  // cuMemUnmap would fail: a caller's bug, counted for tests
-    if (a % g != 0) return;
+    ++counters_.misaligned_unmaps;  // cuMemUnmap refuses it and changes nothing: counted for tests
+    return;
   }
   std::uintptr_t base = 0;
-  address_range* range = find_range(a, (bytes + g - 1) / g * g, &base);
+  address_range* range = find_range(a, bytes, &base);
   if (range == nullptr) return;
   const std::size_t first = (a - base) / g;
-  unmap_pages(base, *range, first, first + (bytes + g - 1) / g);
+  unmap_pages(base, *range, first, first + bytes / g);
 }
 
 // Unmaps the mapped pages in [first, last), one system call per run of mapped pages.

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 namespace {
 
@@ -24,6 +25,7 @@ struct state {
   std::unordered_set<std::uintptr_t> streams;
   std::unordered_set<std::uintptr_t> events;
   std::unordered_set<std::uintptr_t> capturing;  // streams fake_cudart_set_capturing marked
+  cudaError_t next_sync_error = cudaSuccess;     // fake_cudart_fail_next_device_sync
   std::uintptr_t next_handle = 0x1000;  // above cudaStreamLegacy / cudaStreamPerThread
   fake_cudart_counters counters{};
 };
@@ -124,6 +126,12 @@ fake_cudart_counters fake_cudart_get_counters(void) {
   return s.counters;
 }
 
+void fake_cudart_fail_next_device_sync(cudaError_t error) {
+  state& s = the_state();
+  std::lock_guard lock(s.mutex);
+  s.next_sync_error = error;
+}
+
 void fake_cudart_set_capturing(cudaStream_t stream, int capturing) {
   state& s = the_state();
   std::lock_guard lock(s.mutex);
@@ -152,6 +160,7 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
     default: return "cudaErrorUnknown";
   }
 }
@@ -165,6 +174,7 @@ const char* cudaGetErrorString(cudaError_t error) {
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotSupported: return "operation not supported";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     default: return "unknown error";
   }
 }
@@ -199,7 +209,12 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+  state& s = the_state();
+  std::lock_guard lock(s.mutex);
+  const cudaError_t err = std::exchange(s.next_sync_error, cudaSuccess);
+  return err == cudaSuccess ? cudaSuccess : fail(err);
+}
 
 cudaError_t cudaDriverGetVersion(int* version) {
   if (version == nullptr) return fail(cudaErrorInvalidValue);

@@ -42,6 +42,9 @@ typedef struct fake_cudart_counters {
 
 fake_cudart_counters fake_cudart_get_counters(void);
 
+/* The next cudaDeviceSynchronize fails with `error` (a fault the device reported). */
+void fake_cudart_fail_next_device_sync(cudaError_t error);
+
 /* Marks `stream` as being captured into a graph (cudaStreamIsCapturing reports it) or not. The
  * fake runtime records no graph: tests use it to see who would have served what. */
 void fake_cudart_set_capturing(cudaStream_t stream, int capturing);

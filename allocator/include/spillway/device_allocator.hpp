@@ -171,7 +171,10 @@ class device_allocator {
 
 // Sets a budget for the lifetime of the scope and restores the previous one on exit.
 // Construction throws what set_budget throws; the destructor never throws (a restore that cannot be
-// met in full is reported through the allocator's on_warning).
+// met in full is reported through the allocator's on_warning). Scopes of one device nest: each
+// restores what was in force when it began, so they must end in the reverse order they began
+// (on one thread, as blocks do). Scopes of several threads on one device that overlap without
+// nesting restore each other's budgets out of order: the budget is the device's, not a thread's.
 class scoped_budget {
  public:
   scoped_budget(device_allocator& allocator, std::size_t bytes);

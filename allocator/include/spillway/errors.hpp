@@ -45,6 +45,12 @@ class invalid_argument : public std::invalid_argument {
 class device_error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  // With the backend's own error code (a cudaError_t for CUDA), for callers that pass it on.
+  device_error(const std::string& what, int code) : std::runtime_error(what), code_(code) {}
+  int code() const noexcept { return code_; }  // 0: none
+
+ private:
+  int code_ = 0;
 };
 
 // "1.50 GiB", "512 B": used in every message that names a size.

@@ -62,7 +62,8 @@
 //   pointers, size 0, VMM calls with vmm_granularity 0, map_physical outside a reserved range,
 //   unaligned, or over a page already mapped. unmap_physical skips pages that are not mapped
 //   and, being noexcept, counts a call not in whole granules (counters().misaligned_unmaps: CUDA
-//   would refuse it) instead of failing; release_address_range also unmaps pages still mapped.
+//   would refuse it) and, as CUDA, changes nothing for it; release_address_range also unmaps
+//   pages still mapped.
 //   The destructor unmaps everything.
 #pragma once
 
