@@ -19,7 +19,8 @@ Cases
               (measured first under spillway without a budget), with activations() and checkpoint
               segments under the allocator's pressure, hybrid, and at 50% also spill-only and
               drop-only: must complete; step time and peak reported.
-- tooling:    memory_stats, memory_summary, _snapshot with history, empty_cache and the cudnn
+- tooling:    memory_stats, memory_summary, _snapshot with history (segment events included),
+              empty_cache and the cudnn
               benchmark under spillway.
 - leaks:      --steps training steps; allocated bytes after the last equal those after step 2.
 - preload:    a PyTorch training script under LD_PRELOAD=libspillway_preload.so with
@@ -188,7 +189,7 @@ def case_budgets(tmp):
 def case_tooling(tmp):
     rc, out, err = run("""
         import spillway; spillway.install(budget="8GiB")
-        torch.cuda.memory._record_memory_history(max_entries=1000)
+        torch.cuda.memory._record_memory_history(max_entries=100000)
         torch.backends.cudnn.benchmark = True
         model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3), torch.nn.ReLU()).cuda()
         model(torch.randn(8, 3, 64, 64, device="cuda")).sum().backward()
@@ -199,8 +200,14 @@ def case_tooling(tmp):
         frees = [e for e in snap["device_traces"][0] if e["action"] == "free_completed"]
         assert frees and all(e["size"] > 0 for e in frees), frees[:3]
         import torch.cuda._memory_viz as viz; assert "free completed" in viz.trace(snap)
+        # Segment events, as PyTorch's allocator records them (NCCL's register hook reads them from
+        # the trace trackers): every segment of the snapshot was allocated in the trace.
+        allocs = {e["addr"] for e in snap["device_traces"][0] if e["action"] == "segment_alloc"}
+        assert allocs and {s["address"] for s in snap["segments"]} <= allocs, (allocs, snap["segments"])
         del model; torch.cuda.empty_cache()
         assert torch.cuda.memory_stats()["reserved_bytes.all.current"] < stats["reserved_bytes.all.peak"]
+        after = torch.cuda.memory._snapshot()["device_traces"][0]
+        assert any(e["action"] == "segment_free" for e in after), [e["action"] for e in after[-10:]]
         print("ok")
     """)
     return rc == 0, {"stderr": err[-16000:]}
