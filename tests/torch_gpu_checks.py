@@ -20,8 +20,7 @@ Cases
               segments under the allocator's pressure, hybrid, and at 50% also spill-only and
               drop-only: must complete; step time and peak reported.
 - tooling:    memory_stats, memory_summary, _snapshot with history (segment events included),
-              empty_cache and the cudnn
-              benchmark under spillway.
+              empty_cache and the cudnn benchmark under spillway.
 - leaks:      --steps training steps; allocated bytes after the last equal those after step 2.
 - preload:    a PyTorch training script under LD_PRELOAD=libspillway_preload.so with
               PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (needs SPILLWAY_PRELOAD_LIB).
