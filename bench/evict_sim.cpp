@@ -381,10 +381,13 @@ int run(int argc, char** argv) {
     if (!o.quiet) std::fprintf(stderr, "%s\n", names[i].c_str());
     reports.push_back(evaluate(names[i], traces[i], o));
   }
-  bool corrupt = false;
+  bool corrupt = false, errors = false;
   for (const trace_report& r : reports) {
     for (const series& s : r.runs) {
-      for (const budget_point& p : s.points) corrupt = corrupt || p.result.verify_mismatches > 0;
+      for (const budget_point& p : s.points) {
+        corrupt = corrupt || p.result.verify_mismatches > 0;
+        errors = errors || (!p.result.ok && !p.result.out_of_memory);
+      }
     }
   }
   if (!plot.empty()) write_svg(plot, reports);
@@ -404,7 +407,9 @@ int run(int argc, char** argv) {
     if (!plot.empty()) std::printf("plot: %s\n", plot.c_str());
   }
   if (corrupt) std::fprintf(stderr, "spillway-evict-sim: a replay read back wrong bytes (see CORRUPT)\n");
-  return corrupt ? 1 : 0;
+  // Out of memory is a budget's outcome; any other failure is a bug of the engine or the replay.
+  if (errors) std::fprintf(stderr, "spillway-evict-sim: a run failed with an error, not out of memory (see ERROR)\n");
+  return corrupt || errors ? 1 : 0;
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
 // evict_sim_chain: an operator trace as a rotor chain. The rules are in evict_sim_chain.hpp.
 #include "evict_sim_chain.hpp"
 
+#include <limits>
+
+#include <cmath>
+
 #include <algorithm>
 #include <chrono>
 
@@ -149,6 +153,10 @@ rotor_point rotor_at(const chain_model& c, std::size_t device_budget, std::size_
   r.peak_bytes = plan.peak_bytes + c.fixed_bytes;
   r.least_memory_fallback = plan.least_memory_fallback;
   r.stages = c.chain.stages.size();
+  const double bound_total = eviction::rotor_lower_bound(c.chain, device_budget - c.fixed_bytes, memory_slots);
+  const double base = plan.total_cost - plan.extra_cost;
+  r.lower_bound_extra_ns = std::isfinite(bound_total) ? std::max(0.0, bound_total - base) : 0.0;
+  r.plan_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
 
@@ -156,12 +164,16 @@ rotor_point best_rotor_at(const std::vector<const chain_model*>& models, std::si
                           std::size_t memory_slots) {
   rotor_point best;
   double seconds = 0;
+  double bound = std::numeric_limits<double>::infinity();
   for (const chain_model* c : models) {
     const rotor_point p = rotor_at(*c, device_budget, memory_slots);
     seconds += p.plan_seconds;
-    if (p.feasible && (!best.feasible || p.extra_cost_ns < best.extra_cost_ns)) best = p;
+    if (!p.feasible) continue;
+    bound = std::min(bound, p.lower_bound_extra_ns);
+    if (!best.feasible || p.extra_cost_ns < best.extra_cost_ns) best = p;
   }
   best.plan_seconds = seconds;
+  if (best.feasible) best.lower_bound_extra_ns = bound;
   return best;
 }
 

@@ -54,6 +54,10 @@ struct rotor_point {
   double total_cost_ns = 0;
   std::size_t peak_bytes = 0; // the plan's peak + fixed_bytes
   bool least_memory_fallback = false;
+  // rotor_lower_bound's extra compute at this budget: no persistent schedule costs less (the plan
+  // rounds sizes up to its slots, so it may cost more than the true optimum; best_rotor_at: the
+  // least over the decompositions). 0 when store-all fits.
+  double lower_bound_extra_ns = 0;
   std::size_t stages = 0;     // of the decomposition planned (best_rotor_at: the better one)
   double plan_seconds = 0;    // host wall time of plan_rotor (best_rotor_at: of every decomposition)
 };

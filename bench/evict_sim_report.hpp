@@ -55,14 +55,22 @@ struct trace_report {
 // For chain traces: at each ratio whose budget is at least rotor's minimum, the best drop-only
 // run's extra compute over rotor's. met: <= 1.15 everywhere (an OOM there is a miss). Empty
 // when rotor was not computed or no drop-only run was asked for.
+// The chain target at one ratio. rotor's plan rounds sizes up to its memory slots, so its extra
+// compute may exceed the true optimum's; rotor_bound_ns (sizes rounded down) may not be reached
+// by any persistent schedule. The true optimum lies between: factor_vs_bound is the stricter
+// figure. Where the slot grid found no plan (rotor_fallback: the least-memory schedule, not an
+// optimum) the target is judged against the bound; elsewhere against the plan.
 struct chain_target {
   double ratio = 0;
   bool rotor_feasible = false;
   double rotor_extra_ns = 0;
-  std::string best;          // label of the best drop-only run ("" if all failed)
+  double rotor_bound_ns = 0;
+  bool rotor_fallback = false;
+  std::string best;          // label of the best drop-only run ("" if none finished)
   double best_extra_ns = 0;
   double factor = 0;         // best / rotor (1 when both are 0; inf when rotor is 0 and best is not)
-  bool met = false;
+  double factor_vs_bound = 0;  // best / rotor_bound_ns, the same way
+  bool met = false;          // factor (factor_vs_bound for a fallback) <= the limit
 };
 std::vector<chain_target> chain_targets(const trace_report& r, double limit = 1.15);
 

@@ -201,6 +201,7 @@ class replayer {
       r.ok = true;
     } catch (const spillway::out_of_memory& e) {
       if (c_.oom_layout && alloc_) print_layout(r.ops_done);
+      r.out_of_memory = true;
       r.failure = "out of memory at op " + std::to_string(r.ops_done) + where(r.ops_done) + ": " + first_line(e.what());
     } catch (const std::exception& e) {
       r.failure = "error at op " + std::to_string(r.ops_done) + where(r.ops_done) + ": " + first_line(e.what());

@@ -80,7 +80,14 @@ inline constexpr std::size_t max_timeline_samples = 2000;
 
 struct run_result {
   bool ok = false;
+  bool out_of_memory = false;              // a failure that is out_of_memory (else an error)
   std::string failure;                     // e.g. "out of memory at op 412 (fc7.bwd): ..."
+  // "ok", "oom", "error" (any other exception: an engine or replay bug, never a budget's doing)
+  // or "corrupt" (finished, but a verified read came back wrong).
+  const char* status() const noexcept {
+    if (!ok) return out_of_memory ? "oom" : "error";
+    return verify_mismatches > 0 ? "corrupt" : "ok";
+  }
   std::size_t ops_done = 0;
   std::uint64_t total_ns = 0;              // virtual time when the last op completed
   std::size_t peak_reserved = 0;

@@ -29,7 +29,8 @@ Contract
   and sim-overview.svg: the best run per mode and rotor for every trace, one panel each.
 - From train_bench JSON, per model: train-<model>.svg: step-time overhead against the unconstrained
   run and peak reserved / the unconstrained peak, against the budget ratio, one line per
-  configuration (OOM: x on the top edge). Per result with a timeline (train_bench --timeline):
+  configuration (a run that did not finish: x on the top edge). Per result with a timeline
+  (train_bench --timeline):
   timeline-<model>-<config>-<ratio>.svg: allocated and reserved bytes (GPU) or resident saved
   activations (CPU) over one step, the budget, and ticks where spills, drops, restores and
   recomputes happened. The plot's subtitle names the device; a CPU run is labelled a harness
@@ -251,6 +252,21 @@ def good(run):
     return run.get("ok") and run.get("verify_mismatches", 0) == 0
 
 
+def run_status(run):
+    """ok, oom, error or corrupt: the JSON's status; older JSON without one, from its fields."""
+    if "status" in run:
+        return run["status"]
+    if run.get("ok"):
+        return "corrupt" if run.get("verify_mismatches", 0) else "ok"
+    return "oom" if str(run.get("failure", "")).startswith("out of memory") else "error"
+
+
+def missing_label(trace, mode, ratio):
+    """What a mode's missing best run at `ratio` was: OOM when every run ran out of memory."""
+    runs = [r for r in trace["runs"] if r["mode"] == mode and r["ratio"] == ratio]
+    return "OOM" if runs and all(run_status(r) == "oom" for r in runs) else "failed"
+
+
 def best_by_mode(trace):
     """{mode: {ratio: best ok run or None}}"""
     out = {}
@@ -304,15 +320,18 @@ def plot_sim_overhead(trace, src, label, ymax, policies, modes, out, written):
         color = policy_color.setdefault(policy, COLORS[len(policy_color) % len(COLORS)])
         ax.series(pts, color, MODE_DASH.get(mode, ""), mark_failures=False)
         entries.append((f"{policy}/{mode}", color, MODE_DASH.get(mode, "")))
-    for ratio in ratios:  # one mark per ratio: how many of the runs failed there
-        failed = sum(1 for pts in series.values() for x, y in pts if x == ratio and y is None)
+    for ratio in ratios:  # one mark per ratio: how many of the runs failed there, and how
+        failed = [r for r in trace["runs"] if r["ratio"] == ratio and not good(r)]
         if failed:
+            oom = sum(1 for r in failed if run_status(r) == "oom")
+            text = (f"{len(failed)}/{len(series)} OOM" if oom == len(failed)
+                    else f"{len(failed)}/{len(series)} failed ({oom} OOM)")
             svg.cross(ax.px(ratio), ax.y + 6, 4, "#d62728")
-            svg.text(ax.px(ratio) + (8 if ratio < max(ratios) else -8), ax.y + 20,
-                     f"{failed}/{len(series)} OOM", size=10, color="#d62728",
-                     anchor="start" if ratio < max(ratios) else "end")
+            svg.text(ax.px(ratio) + (8 if ratio < max(ratios) else -8), ax.y + 20, text, size=10,
+                     color="#d62728", anchor="start" if ratio < max(ratios) else "end")
     legend(svg, 700, 70, entries)
-    notes = ["red x and 'n/m OOM': runs out of memory", "black x: rotor infeasible",
+    notes = ["red x and 'n/m OOM': runs out of memory ('failed': an error or a wrong read too)",
+             "black x: rotor infeasible",
              f"triangle: overhead above {ymax:.0%}"]
     for i, note in enumerate(notes):
         svg.text(700, 70 + 15 * len(entries) + 12 + 14 * i, note, size=10, color="#555")
@@ -342,7 +361,8 @@ def plot_sim_cost(trace, src, label, out, written):
             x0 = ax.px(i + group / 2 + j * group)
             w = ax.px(group) - ax.px(0) - 2
             if r is None:
-                svg.text(x0 + w / 2, ax.py(0) - 4, "OOM", size=9, anchor="middle", color=MODE_COLOR[m])
+                svg.text(x0 + w / 2, ax.py(0) - 4, missing_label(trace, m, ratio), size=9,
+                         anchor="middle", color=MODE_COLOR[m])
                 continue
             extra, stall = r["extra_compute_ns"] / base, max(r["stall_ns"], 0) / base
             svg.rect(x0, ax.py(extra), w, ax.py(0) - ax.py(extra), fill=MODE_COLOR[m])
@@ -415,7 +435,7 @@ def plot_sim_overview(traces, label, ymax, out, written):
                           MODE_COLOR[m], MODE_DASH[m])
     legend(svg, svg.width - 160, 80, [("rotor optimum", "#000", "6,4")] +
            [(f"best {m}", MODE_COLOR[m], MODE_DASH[m]) for m in ("drop", "hybrid", "spill")])
-    svg.text(svg.width - 160, 80 + 15 * 4 + 10, "x: every policy OOM", size=10, color="#555")
+    svg.text(svg.width - 160, 80 + 15 * 4 + 10, "x: no policy finished", size=10, color="#555")
     svg.text(svg.width - 160, 80 + 15 * 4 + 38, "(black x: rotor infeasible)", size=10, color="#555")
     svg.text(svg.width - 160, 80 + 15 * 4 + 24, f"triangle: above {ymax:.0%}", size=10, color="#555")
     write(svg, os.path.join(out, "sim-overview.svg"), written)
@@ -424,7 +444,8 @@ def plot_sim_overview(traces, label, ymax, out, written):
 def sim_markdown(traces, label):
     """Markdown: per trace, the best overhead per mode (policy) and rotor's, per ratio."""
     lines = [f"Overhead (time / baseline - 1) of the best policy per mode; OOM: every policy ran out of "
-             f"memory; rotor: its optimum's extra compute ({label}).", ""]
+             f"memory; failed: none finished, some with an error or a wrong read; rotor: its optimum's "
+             f"extra compute ({label}).", ""]
     for trace, src in traces:
         best = best_by_mode(trace)
         ratios = sorted(ratios_of(trace), reverse=True)
@@ -442,7 +463,8 @@ def sim_markdown(traces, label):
                 cells = []
                 for r in ratios:
                     run = best[m].get(r)
-                    cells.append("OOM" if run is None else f"{run['overhead']:.1%} ({run['policy']})")
+                    cells.append(missing_label(trace, m, r) if run is None
+                                 else f"{run['overhead']:.1%} ({run['policy']})")
                 lines.append(f"| {m} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -500,7 +522,9 @@ def plot_train_model(model, results, doc, src, ymax, out, written):
     else:
         svg.text(560, 200, "peak reserved: GPU only (null in a CPU run)", color="#555")
     legend(svg, 990, 70, entries)
-    svg.text(990, 70 + 15 * len(entries) + 12, "x on the top edge: OOM", size=10, color="#555")
+    svg.text(990, 70 + 15 * len(entries) + 12, "x on the top edge: did not finish", size=10, color="#555")
+    svg.text(990, 70 + 15 * len(entries) + 26, "(OOM, error, timeout or crash:", size=10, color="#555")
+    svg.text(990, 70 + 15 * len(entries) + 40, "the JSON's status)", size=10, color="#555")
     footer(svg, f"{device_label(doc)}; {src}; commit {str(doc.get('commit'))[:10]}")
     write(svg, os.path.join(out, f"train-{slug(model)}.svg"), written)
 

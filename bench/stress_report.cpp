@@ -21,8 +21,9 @@ std::string count_text(std::uint64_t n) {  // 1234567 -> "1,234,567"
 }
 
 std::string bytes_text(std::int64_t n) {
-  return n < 0 ? "-" + format_bytes(static_cast<std::size_t>(-n))
-               : format_bytes(static_cast<std::size_t>(n));
+  std::string text = format_bytes(static_cast<std::size_t>(n < 0 ? -n : n));
+  if (n < 0) text.insert(text.begin(), '-');  // (not "-" + text: GCC 12 warns falsely there)
+  return text;
 }
 
 std::string fixed(double v, int digits) {
@@ -79,6 +80,10 @@ void judge(stress_report& r) {
     fail("after all stream work and empty_cache, " + bytes_text(e.active_bytes[agg].current) +
          " are still active (frees waiting on events that should have completed)");
   }
+  if (r.budget != unlimited_budget && static_cast<std::size_t>(s.reserved_bytes[agg].peak) > r.budget) {
+    fail("peak reserved " + bytes_text(s.reserved_bytes[agg].peak) + " is over the budget " +
+         format_bytes(r.budget));
+  }
   if (e.reserved_bytes[agg].current != 0) {
     fail("empty_cache left " + bytes_text(e.reserved_bytes[agg].current) + " reserved in " +
          count_text(static_cast<std::uint64_t>(e.segment[agg].current)) + " segment(s)");
@@ -109,14 +114,16 @@ void print_table(std::ostream& out, const stress_report& r) {
                               " by stream work)");
   row(out, "peak allocated", bytes_text(s.allocated_bytes[agg].peak));
   row(out, "peak reserved", bytes_text(s.reserved_bytes[agg].peak));
-  row(out, "fragmentation", fixed(r.fragmentation(), 3) + " (peak reserved / peak allocated)");
+  row(out, "fragmentation", fixed(r.fragmentation(), 3) +
+                                " (peak reserved / peak allocated: two peaks, maybe not at one moment)");
   row(out, "alloc retries", count_text(static_cast<std::uint64_t>(s.num_alloc_retries)));
   row(out, "segments", "peak " + count_text(static_cast<std::uint64_t>(s.segment[agg].peak)) +
                            ", device allocs " +
                            count_text(static_cast<std::uint64_t>(s.num_device_alloc)) +
                            ", device frees " +
                            count_text(static_cast<std::uint64_t>(s.num_device_free)));
-  row(out, "alloc latency", "p50 " + count_text(r.latency.p50_ns) + " ns, p90 " +
+  row(out, "alloc latency", "(calls, out of memory included) p50 " + count_text(r.latency.p50_ns) +
+                                " ns, p90 " +
                                 count_text(r.latency.p90_ns) + " ns, p99 " +
                                 count_text(r.latency.p99_ns) + " ns, p99.9 " +
                                 count_text(r.latency.p999_ns) + " ns, max " +

@@ -229,9 +229,24 @@ void stress_run::allocate_one(worker& w) {
 
   void* ptr = nullptr;
   const auto t0 = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  // Every timed call counts, those that end in out of memory too (they ran the whole pressure
+  // path: the slowest calls a job sees).
+  const auto note_latency = [&] {
+    if (!timed) return;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - t0).count();
+    const auto v = static_cast<std::uint32_t>(std::min<std::int64_t>(ns, UINT32_MAX));
+    if (w.latencies.size() < latency_reservoir) {
+      w.latencies.push_back(v);
+    } else if (const auto j = w.random.below(w.latencies_seen + 1); j < latency_reservoir) {
+      w.latencies[j] = v;
+    }
+    ++w.latencies_seen;
+  };
   try {
     ptr = allocator_.allocate(bytes, stream);
   } catch (const out_of_memory&) {
+    note_latency();
     // Expected under a budget. Give something back, like a job that shrinks its working set.
     w.ooms.add();
     if (!w.held.empty()) {
@@ -242,17 +257,7 @@ void stress_run::allocate_one(worker& w) {
     }
     return;
   }
-  if (timed) {
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::steady_clock::now() - t0).count();
-    const auto v = static_cast<std::uint32_t>(std::min<std::int64_t>(ns, UINT32_MAX));
-    if (w.latencies.size() < latency_reservoir) {
-      w.latencies.push_back(v);
-    } else if (const auto j = w.random.below(w.latencies_seen + 1); j < latency_reservoir) {
-      w.latencies[j] = v;
-    }
-    ++w.latencies_seen;
-  }
+  note_latency();
   w.allocs.add();
   w.bytes.add(bytes);
 
