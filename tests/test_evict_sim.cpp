@@ -192,4 +192,16 @@ TEST_CASE("the chain target counts drop-only runs only, and an out-of-memory one
     CHECK(t[1].met);
     CHECK_FALSE(evsim::chain_targets(r, 1.05)[0].met);
   }
+  SUBCASE("the bound is reported; a fallback plan is no optimum: judged against the bound") {
+    r.rotor.at[0].lower_bound_extra_ns = 800;
+    r.runs.push_back({"dtr", evsim::engine_mode::drop_only, {run(true, 1100), run(true, 0)}});
+    auto t = evsim::chain_targets(r);
+    CHECK(t[0].rotor_bound_ns == 800);
+    CHECK(t[0].factor_vs_bound == doctest::Approx(1.375));
+    CHECK(t[0].met);  // 1.1x the plan
+    r.rotor.at[0].least_memory_fallback = true;
+    t = evsim::chain_targets(r);
+    CHECK(t[0].rotor_fallback);
+    CHECK_FALSE(t[0].met);  // 1.375x the bound
+  }
 }

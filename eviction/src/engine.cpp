@@ -557,6 +557,7 @@ std::optional<candidate_info> eviction_engine::describe_candidate(buffer_id id) 
   engine_lock lock(m);
   const buffer_entry& e = m.lookup_locked(id, "describe_candidate");
   if (!m.candidates.contains(e)) return std::nullopt;
+  m.host_room = m.host.room();
   return m.describe_candidate_locked(m.candidates.record(e), m.now());
 }
 

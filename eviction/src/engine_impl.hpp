@@ -68,6 +68,9 @@ struct eviction_engine::impl {
   std::vector<detail::buffer_entry*> in_flight;  // spilling or restoring, waiting on an event
   std::vector<event_ref> idle_events;
   std::size_t d2h_queued_bytes = 0;
+  // host.room() as the current decision saw it (refreshed before each): a buffer the host pool
+  // has no room for is described, and evicted, as a drop, not priced as a spill it cannot make.
+  std::size_t host_room = SIZE_MAX;
   // DTR's classes (engine_neighbourhood.cpp): records recycled through a free list.
   std::vector<std::unique_ptr<detail::dtr_class>> class_records;
   std::vector<detail::dtr_class*> idle_classes;

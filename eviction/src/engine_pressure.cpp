@@ -112,12 +112,14 @@ candidate_info eviction_engine::impl::describe_candidate_locked(const detail::ca
   double neighbourhood = r.can_drop ? r.neighbourhood_ns : 0;
   if (wanted_now_entries > 0 && r.entry->wanted_now) describe_wanted_now_locked(*r.entry, c, neighbourhood);
   // The record's flags already include its mode; only a buffer that may go either way needs the
-  // cost model's comparison (the common drop-only and spill-only cases skip it).
+  // cost model's comparison (the common drop-only and spill-only cases skip it). A spill the host
+  // pool has no room for is none: it would fail, and the buffer be dropped at its full cost.
+  const bool can_spill = r.can_spill && host_pool::round_size(r.size) <= host_room;
   const eviction_action action =
-      r.can_drop && r.can_spill
+      r.can_drop && can_spill
           ? costs->choose(r.mode, r.size, d2h_queued_bytes, true, true, r.recompute_ns, neighbourhood)
           : r.can_drop ? eviction_action::drop
-                       : r.can_spill ? eviction_action::spill : eviction_action::none;
+                       : can_spill ? eviction_action::spill : eviction_action::none;
   switch (action) {
     case eviction_action::drop:
       c.cost_ns = r.recompute_ns;
@@ -230,6 +232,7 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
 
   while (candidates.size() > 0) {
     settle_cost_order_locked();  // upkeep deferred to here: not the decision's time
+    host_room = host.room();
     const auto started = std::chrono::steady_clock::now();
     const std::optional<buffer_id> choice = policy->choose(view, request);
     stats.decision_time_ns += elapsed_ns(started);
@@ -279,11 +282,17 @@ bool eviction_engine::impl::evict_locked(buffer_entry& e, eviction_mode mode) {
   } guard{*this, e};
   const bool can_drop = can_drop_locked(e) && mode != eviction_mode::spill;
   const bool can_spill = config.allow_spill && e.mode != eviction_mode::drop &&
-                         mode != eviction_mode::drop;
+                         mode != eviction_mode::drop && host_pool::round_size(e.size) <= host.room();
   const double recompute = e.producer != nullptr ? e.producer->desc.cost_ns : 0;
+  // The neighbourhood the policy was shown (Note [Pinning together lets go to fit]): the choice
+  // between spill and drop weighs what the victim was chosen on.
+  double neighbourhood = can_drop ? e.neighbourhood_ns : 0;
+  if (wanted_now_entries > 0 && e.wanted_now) {
+    candidate_info unused;
+    describe_wanted_now_locked(e, unused, neighbourhood);
+  }
   const eviction_action action =
-      costs->choose(mode, e.size, d2h_queued_bytes, can_spill, can_drop, recompute,
-                    can_drop ? e.neighbourhood_ns : 0);
+      costs->choose(mode, e.size, d2h_queued_bytes, can_spill, can_drop, recompute, neighbourhood);
   bool done = false;
   if (action == eviction_action::spill) {
     done = spill_locked(e);

@@ -163,6 +163,11 @@ std::size_t host_pool::release_cached_locked(std::size_t wanted) noexcept {
   return released;
 }
 
+std::size_t host_pool::room() const noexcept {
+  std::lock_guard lock(mutex_);
+  return capacity_ > stats_.in_use_bytes ? capacity_ - stats_.in_use_bytes : 0;
+}
+
 host_pool_stats host_pool::stats() const {
   std::lock_guard lock(mutex_);
   return stats_;

@@ -57,6 +57,9 @@ class host_pool {
   void free_after(void* ptr, event_ref event);   // the pool takes ownership of `event`
   std::size_t block_size(const void* ptr) const;  // the rounded size; invalid_argument if unknown
   std::size_t release_cached() noexcept;          // gives cached blocks back to the backend
+  // The pinned bytes allocate may still hand out within the capacity (cached blocks count as room:
+  // they are given back for a miss). Blocks waiting on an event count as in use until reaped.
+  std::size_t room() const noexcept;
   host_pool_stats stats() const;
   static std::size_t round_size(std::size_t bytes) noexcept;
 
