@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""The chain target's dense cells on synth:mlp with rotor's lower bound beside its plan.
+
+    bench/results/sim-2026-11-28-chain-bound/run.py SIM > chain.md
+
+SIM: a spillway-evict-sim built from this commit (cmake -S . -B B -DCMAKE_BUILD_TYPE=Release
+-DSPILLWAY_WITH_TORCH=OFF && make -C B spillway_evict_sim). Drop-only, dtr and dtr-frag, --verify,
+compaction on (the default); 1 step measured without warm-up, and the second step with next uses
+predicted from the first (--warmup-steps 1); PyTorch's segment sizes and expandable segments.
+"""
+import json
+import subprocess
+import sys
+
+RATIOS = "0.285,0.3,0.316,0.32,0.33,0.34,0.35,0.37,0.4,0.45,0.5,0.6,0.7,0.8,0.9"
+
+
+def run(sim, expandable, warmup):
+    cmd = [sim, "--trace", "synth:mlp", "--budgets", RATIOS, "--policies", "dtr,dtr-frag",
+           "--modes", "drop", "--verify", "--warmup-steps", str(warmup), "--json"]
+    if expandable:
+        cmd.append("--expandable")
+    out = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout)["traces"][0], " ".join(cmd[1:])
+
+
+def cell(t):
+    if t is None:
+        return "(below min)"
+    if t["best"] == "":
+        return "none finished: **missed**"
+    f = "inf" if t["factor"] < 0 else f"{t['factor']:.3f}"
+    b = "inf" if t["factor_vs_bound"] < 0 else f"{t['factor_vs_bound']:.3f}"
+    fb = " [fallback]" if t["rotor_fallback"] else ""
+    return f"{f} / {b}{fb} {t['best'].split('/')[0]}" + ("" if t["met"] else ": **missed**")
+
+
+def main():
+    sim = sys.argv[1]
+    cols = [("expandable, 1 step", True, 0), ("expandable, predicted", True, 1),
+            ("fixed, 1 step", False, 0), ("fixed, predicted", False, 1)]
+    data, cmds, mins = [], [], {}
+    for name, exp, warm in cols:
+        trace, cmd = run(sim, exp, warm)
+        data.append({round(t["ratio"], 3): t for t in trace["chain_targets"]})
+        cmds.append(cmd)
+        mins["expandable" if exp else "fixed"] = trace["rotor"]["min_budget"] / trace["peak_reserved"]
+    ratios = [float(r) for r in RATIOS.split(",")]
+    print("# Chain target with rotor's lower bound (synth:mlp, simulated device)\n")
+    print("Each cell: best drop-only extra compute (dtr, dtr-frag) / rotor's plan, then / rotor's lower")
+    print("bound (its program with sizes rounded down: no persistent schedule costs less), and the")
+    print("policy. Met at <= 1.15 against the plan, or against the bound where the plan is a fallback")
+    print("(the slot grid found none: the least-memory schedule, no optimum).\n")
+    print("rotor's minimum, ratio of each kind's own peak: " +
+          ", ".join(f"{k} {v:.3f}" for k, v in sorted(mins.items(), reverse=True)) + "\n")
+    print("| ratio | " + " | ".join(c[0] for c in cols) + " |")
+    print("| --- |" + " --- |" * len(cols))
+    missed = total = 0
+    for r in ratios:
+        cells = []
+        for d in data:
+            t = d.get(round(r, 3))
+            cells.append(cell(t))
+            if t is not None:
+                total += 1
+                missed += 0 if t["met"] else 1
+        print(f"| {r} | " + " | ".join(cells) + " |")
+    print(f"\nMissed: {missed} of {total} cells at or above rotor's minimum.\n")
+    print("Commands (SIM = the binary):\n")
+    for c in cmds:
+        print(f"    SIM {c}")
+
+
+if __name__ == "__main__":
+    main()
