@@ -133,8 +133,22 @@ chain_model extract_chain(const op_trace::trace_data& t, const op_trace::livenes
     if (latest != never) current = latest;
     c.chain.stages[current].backward_cost += static_cast<double>(t.ops[k].duration_ns);
   }
+  // Fixed memory: the most bytes of parameters and constants alive at once, each from its
+  // producer (or the start) to its release (or the end). Gradients produced in the backward and
+  // the versions an in-place update replaces are not all alive from the start: summing every
+  // one charged rotor for memory no schedule holds (on recorded traces).
+  std::vector<long long> fixed_delta(t.ops.size() + 1, 0);
   for (std::uint32_t b = 0; b < n; ++b) {
-    if (t.buffers[b].param || constant[b]) c.fixed_bytes += rounded(b);
+    if (!t.buffers[b].param && !constant[b]) continue;
+    const std::size_t from = l.produced_by[b] == never ? 0 : l.produced_by[b];
+    const std::size_t to = l.dies_after[b] == never ? t.ops.size() - 1 : l.dies_after[b];
+    fixed_delta[from] += static_cast<long long>(rounded(b));
+    fixed_delta[to + 1] -= static_cast<long long>(rounded(b));
+  }
+  long long fixed_live = 0;
+  for (std::size_t k = 0; k < t.ops.size(); ++k) {
+    fixed_live += fixed_delta[k];
+    c.fixed_bytes = std::max(c.fixed_bytes, static_cast<std::size_t>(fixed_live));
   }
   c.ok = true;
   return c;

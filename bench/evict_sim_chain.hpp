@@ -20,10 +20,14 @@
 //   Backward ops are attributed to the latest stage whose buffers they read (this only splits
 //   backward_cost between stages; it changes total_cost, never extra_cost); backward overheads are 0.
 // - Sizes are rounded as the allocator rounds them (512 bytes). Parameters (initial and produced)
-//   and constants are `fixed_bytes`: held for the whole step, outside rotor's model. rotor's budget
-//   at a device budget B is B - fixed_bytes. input_bytes is 0: the first stage reads parameters.
+//   and constants are outside rotor's model: `fixed_bytes` is the most of them alive at once (each
+//   from its producer, or the start, to its release, or the end), held for the whole step. rotor's
+//   budget at a device budget B is B - fixed_bytes. input_bytes is 0: the first stage reads
+//   parameters.
 // rotor's model is exact for the synthetic mlp (one op per stage, no transients). Elsewhere it is an
-// approximation that favours rotor: no fragmentation, no segment granularity, no backward temporaries.
+// approximation: it favours rotor with no fragmentation, no segment granularity and no backward
+// temporaries, and disfavours it by holding the gradients the backward produces (at their peak
+// with the parameters) from the step's start.
 #pragma once
 
 #include <cstddef>

@@ -27,6 +27,31 @@
 using namespace spillway;
 using namespace spillway::op_trace;
 
+TEST_CASE("rotor's fixed memory: the most parameter bytes alive at once, not every version") {
+  // w1 (4 KiB) lives from the start; the backward replaces it twice in place (an optimizer's
+  // new versions w2, then w3), each old version released after the op that wrote the new one. At
+  // most two versions are alive at once; the sum of all three is no schedule's memory.
+  const trace_data t = parse_op_trace("# spillway-op-trace v1 model=tiny source=hand\n"
+                                      "b 1 4096 param\n"
+                                      "b 2 1024\n"
+                                      "b 3 1024\n"
+                                      "b 4 4096 param\n"
+                                      "b 5 4096 param\n"
+                                      "o fwd 100 in 1 out 2\n"
+                                      "o loss 100 in 2 out 3\n"
+                                      "phase backward\n"
+                                      "o step_a 100 in 1 2 3 out 4\n"
+                                      "f 1\n"
+                                      "f 2\n"
+                                      "f 3\n"
+                                      "o step_b 100 in 4 out 5\n"
+                                      "f 4\n",
+                                      "fixed.optrace");
+  const evsim::chain_model c = evsim::extract_chain(t, compute_liveness(t));
+  REQUIRE_MESSAGE(c.ok, c.why);
+  CHECK(c.fixed_bytes == 2 * 4096);
+}
+
 TEST_CASE("an MLP trace is a chain: one stage per layer plus the loss") {
   synth_options o;
   o.model = "mlp";

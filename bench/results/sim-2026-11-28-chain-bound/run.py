@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The chain target's dense cells on synth:mlp with rotor's lower bound beside its plan.
+"""The chain target's dense cells (synth:mlp, the recorded torch MLP) with rotor's lower bound
+beside its plan.
 
     bench/results/sim-2026-11-28-chain-bound/run.py SIM > chain.md
 
@@ -12,11 +13,15 @@ import json
 import subprocess
 import sys
 
-RATIOS = "0.285,0.3,0.316,0.32,0.33,0.34,0.35,0.37,0.4,0.45,0.5,0.6,0.7,0.8,0.9"
+TRACES = [
+    ("synth-mlp", "synth:mlp", "0.285,0.3,0.316,0.32,0.33,0.34,0.35,0.37,0.4,0.45,0.5,0.6,0.7,0.8,0.9"),
+    ("torch-mlp", "bench/op_traces/torch-mlp-cpu.optrace.gz",
+     "0.5,0.51,0.525,0.53,0.54,0.56,0.58,0.6,0.65,0.7,0.8,0.9"),
+]
 
 
-def run(sim, expandable, warmup):
-    cmd = [sim, "--trace", "synth:mlp", "--budgets", RATIOS, "--policies", "dtr,dtr-frag",
+def run(sim, trace, ratios, expandable, warmup):
+    cmd = [sim, "--trace", trace, "--budgets", ratios, "--policies", "dtr,dtr-frag",
            "--modes", "drop", "--verify", "--warmup-steps", str(warmup), "--json"]
     if expandable:
         cmd.append("--expandable")
@@ -37,28 +42,22 @@ def cell(t):
     return f"{f} / {b}{fb} {t['best'].split('/')[0]}" + ("" if t["met"] else ": **missed**")
 
 
-def main():
-    sim = sys.argv[1]
+def table(sim, name, trace_arg, ratios_text):
     cols = [("expandable, 1 step", True, 0), ("expandable, predicted", True, 1),
             ("fixed, 1 step", False, 0), ("fixed, predicted", False, 1)]
     data, cmds, mins = [], [], {}
-    for name, exp, warm in cols:
-        trace, cmd = run(sim, exp, warm)
+    for _, exp, warm in cols:
+        trace, cmd = run(sim, trace_arg, ratios_text, exp, warm)
         data.append({round(t["ratio"], 3): t for t in trace["chain_targets"]})
         cmds.append(cmd)
         mins["expandable" if exp else "fixed"] = trace["rotor"]["min_budget"] / trace["peak_reserved"]
-    ratios = [float(r) for r in RATIOS.split(",")]
-    print("# Chain target with rotor's lower bound (synth:mlp, simulated device)\n")
-    print("Each cell: best drop-only extra compute (dtr, dtr-frag) / rotor's plan, then / rotor's lower")
-    print("bound (its program with sizes rounded down: no persistent schedule costs less), and the")
-    print("policy. Met at <= 1.15 against the plan, or against the bound where the plan is a fallback")
-    print("(the slot grid found none: the least-memory schedule, no optimum).\n")
+    print(f"## {name}\n")
     print("rotor's minimum, ratio of each kind's own peak: " +
           ", ".join(f"{k} {v:.3f}" for k, v in sorted(mins.items(), reverse=True)) + "\n")
     print("| ratio | " + " | ".join(c[0] for c in cols) + " |")
     print("| --- |" + " --- |" * len(cols))
     missed = total = 0
-    for r in ratios:
+    for r in [float(x) for x in ratios_text.split(",")]:
         cells = []
         for d in data:
             t = d.get(round(r, 3))
@@ -68,6 +67,19 @@ def main():
                 missed += 0 if t["met"] else 1
         print(f"| {r} | " + " | ".join(cells) + " |")
     print(f"\nMissed: {missed} of {total} cells at or above rotor's minimum.\n")
+    return cmds
+
+
+def main():
+    sim = sys.argv[1]
+    print("# Chain target with rotor's lower bound (simulated device)\n")
+    print("Each cell: best drop-only extra compute (dtr, dtr-frag) / rotor's plan, then / rotor's lower")
+    print("bound (its program with sizes rounded down: no persistent schedule costs less), and the")
+    print("policy. Met at <= 1.15 against the plan, or against the bound where the plan is a fallback")
+    print("(the slot grid found none: the least-memory schedule, no optimum).\n")
+    cmds = []
+    for name, trace_arg, ratios_text in TRACES:
+        cmds += table(sim, name, trace_arg, ratios_text)
     print("Commands (SIM = the binary):\n")
     for c in cmds:
         print(f"    SIM {c}")
