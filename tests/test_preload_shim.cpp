@@ -18,6 +18,8 @@
 // threads allocate concurrently; an invalid SPILLWAY_CONF fails allocations, not the program.
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -250,6 +252,35 @@ void graph_capture() {
   CHECK(cudaStreamDestroy(s) == cudaSuccess);
 }
 
+// A child forked after spillway made its CUDA allocator cannot use it (CUDA does not survive a
+// fork): its calls go to the real runtime (Note [Preload and fork]).
+void forked_child_goes_to_the_runtime() {
+  require_clean();
+  void* mine = nullptr;
+  REQUIRE(cudaMalloc(&mine, 1 * M) == cudaSuccess);  // spillway's allocator exists
+  CHECK(cudaFree(mine) == cudaSuccess);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    const fake_cudart_counters before = fake_cudart_get_counters();
+    void* p = nullptr;
+    const bool ok = cudaMalloc(&p, 1 * M) == cudaSuccess &&
+                    fake_cudart_get_counters().mallocs == before.mallocs + 1 &&  // the runtime's
+                    cudaFree(p) == cudaSuccess &&
+                    fake_cudart_get_counters().frees == before.frees + 1;
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  void* again = nullptr;  // the parent keeps spillway
+  const fake_cudart_counters before = fake_cudart_get_counters();
+  REQUIRE(cudaMalloc(&again, 1 * M) == cudaSuccess);
+  CHECK(fake_cudart_get_counters().mallocs == before.mallocs);
+  CHECK(cudaFree(again) == cudaSuccess);
+}
+
 // cudaStreamPerThread is one handle for each thread's own stream, so its frees are not ordered
 // for another thread: the shim waits for the freeing thread's stream first (Note [Preload
 // streams]). Other streams' frees stay asynchronous.
@@ -331,6 +362,9 @@ void threads_allocate_concurrently() {
   TEST_CASE("stream-ordered allocations" * doctest::test_suite(suite)) { stream_ordered_allocations(); } \
   TEST_CASE("argument checks" * doctest::test_suite(suite)) { argument_checks(); }                 \
   TEST_CASE("graph capture" * doctest::test_suite(suite)) { graph_capture(); }                    \
+  TEST_CASE("fork" * doctest::test_suite(suite)) {                                                \
+    if (is_cuda_backend()) forked_child_goes_to_the_runtime();                                    \
+  }                                                                                              \
   TEST_CASE("per-thread stream frees wait for the stream" * doctest::test_suite(suite)) {          \
     per_thread_stream_frees_wait_for_the_stream();                                                 \
   }                                                                                                \

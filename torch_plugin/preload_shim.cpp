@@ -45,6 +45,7 @@
 // With backend sim every stream is the simulated device's default stream: the simulated device
 // cannot see the program's streams.
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <cstdio>
@@ -66,6 +67,25 @@ using spillway::plugin::set_last_error;
 using spillway::preload::real;
 
 constexpr spillway::stream_ref sync_pool{0};  // cudaMalloc's memory: Note [Preload streams]
+
+// Note [Preload and fork]: a child forked after spillway made its CUDA allocator inherits memory
+// and a CUDA context it cannot use (CUDA does not survive fork). Its allocations would hand out
+// the parent's cached pointers with cudaSuccess. So in such a child every call goes to the real
+// runtime, which fails as CUDA does there. A child forked before (a launcher's workers) and any
+// child with backend sim keep spillway.
+std::atomic<bool> forked_with_cuda_state{false};
+
+[[gnu::constructor]] void watch_forks() {
+  pthread_atfork(nullptr, nullptr, [] {
+    if (spillway::plugin::holds_cuda_state()) forked_with_cuda_state.store(true);
+  });
+}
+
+// A call that goes straight to the real function: made from inside spillway (Note [Preload
+// re-entrancy]), or in a child forked with CUDA state (Note [Preload and fork]).
+bool passthrough() noexcept {
+  return entry_scope::active() || forked_with_cuda_state.load(std::memory_order_relaxed);
+}
 
 // Calls a real runtime function; cudaErrorNotSupported when the runtime does not have it.
 template <class... Params, class... Args>
@@ -203,25 +223,25 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, cudaStream_t null_stream,
 extern "C" {
 
 cudaError_t cudaMalloc(void** ptr, size_t size) {
-  if (entry_scope::active()) return call_real(real().malloc, ptr, size);  // Note [Preload re-entrancy]
+  if (passthrough()) return call_real(real().malloc, ptr, size);  // Note [Preload re-entrancy]
   entry_scope scope;
   return allocate(ptr, size, false, nullptr, nullptr, nullptr);
 }
 
 cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
-  if (entry_scope::active()) return call_real(real().malloc_async, ptr, size, stream);
+  if (passthrough()) return call_real(real().malloc_async, ptr, size, stream);
   entry_scope scope;
   return allocate(ptr, size, true, stream, cudaStreamLegacy, real().malloc_async);
 }
 
 cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream) {
-  if (entry_scope::active()) return call_real(real().malloc_async_ptsz, ptr, size, stream);
+  if (passthrough()) return call_real(real().malloc_async_ptsz, ptr, size, stream);
   entry_scope scope;
   return allocate(ptr, size, true, stream, cudaStreamPerThread, real().malloc_async_ptsz);
 }
 
 cudaError_t cudaFree(void* ptr) {
-  if (entry_scope::active()) return call_real(real().free, ptr);
+  if (passthrough()) return call_real(real().free, ptr);
   entry_scope scope;
   // cudaFree(NULL) is how programs make the runtime set up its context: the real one does that.
   spillway::plugin_allocator* a = ptr != nullptr ? allocator() : nullptr;
@@ -238,19 +258,19 @@ cudaError_t cudaFree(void* ptr) {
 }
 
 cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
-  if (entry_scope::active()) return call_real(real().free_async, ptr, stream);
+  if (passthrough()) return call_real(real().free_async, ptr, stream);
   entry_scope scope;
   return free_async(ptr, stream, cudaStreamLegacy, real().free_async);
 }
 
 cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) {
-  if (entry_scope::active()) return call_real(real().free_async_ptsz, ptr, stream);
+  if (passthrough()) return call_real(real().free_async_ptsz, ptr, stream);
   entry_scope scope;
   return free_async(ptr, stream, cudaStreamPerThread, real().free_async_ptsz);
 }
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
-  if (entry_scope::active()) return call_real(real().mem_get_info, free_bytes, total_bytes);
+  if (passthrough()) return call_real(real().mem_get_info, free_bytes, total_bytes);
   entry_scope scope;
   if (free_bytes == nullptr || total_bytes == nullptr) return cudaErrorInvalidValue;
   spillway::plugin_allocator* a = allocator();

@@ -2,6 +2,8 @@
 // is in process_instance.hpp.
 #include "process_instance.hpp"
 
+#include <atomic>
+
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -25,12 +27,15 @@ struct instance {
   bool bad_input = false;  // the error is an invalid_argument (SPILLWAY_CONF), not a device_error
 };
 
+std::atomic<bool> cuda_instance_built{false};
+
 instance* build_instance() {
   auto* inst = new instance;  // never deleted: see process_instance.hpp
   const char* text = std::getenv("SPILLWAY_CONF");
   try {
     inst->allocator = make_plugin_allocator(parse_config(text != nullptr ? text : ""),
                                             {.on_warning = &report});
+    cuda_instance_built.store(inst->allocator->config().backend == "cuda");
   } catch (const invalid_argument& e) {
     inst->error = e.what();
     inst->bad_input = true;
@@ -41,6 +46,8 @@ instance* build_instance() {
 }
 
 }  // namespace
+
+bool holds_cuda_state() noexcept { return cuda_instance_built.load(); }
 
 plugin_allocator& process_allocator() {
   static instance* const inst = build_instance();  // thread-safe, once

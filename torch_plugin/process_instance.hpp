@@ -22,6 +22,9 @@
 namespace spillway::plugin {
 
 plugin_allocator& process_allocator();
+// Whether process_allocator() has been built with backend "cuda" (so it holds CUDA state, which a
+// forked child cannot use). Never throws, builds nothing.
+bool holds_cuda_state() noexcept;
 
 const std::string& last_error() noexcept;
 void set_last_error(std::string message) noexcept;
