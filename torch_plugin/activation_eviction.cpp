@@ -291,6 +291,7 @@ std::size_t activation_manager::evict_one(entry& e) {
   // Frees the memory (on CUDA in stream order after the copy) and keeps the StorageImpl.
   e.storage.set_data_ptr_noswap(at::DataPtr(nullptr, e.device));
   e.storage.set_nbytes(0);
+  e.allocated_on.reset();  // its next block's stream is its next copy back's
   left_resident(e);
   ++counters_.evictions;
   return e.nbytes;

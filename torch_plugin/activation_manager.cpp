@@ -2,6 +2,7 @@
 // activation_manager.hpp; the other files are listed in activation_manager_impl.hpp.
 #include "activation_manager.hpp"
 
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
@@ -350,6 +351,13 @@ at::Tensor activation_manager::alias_in_use(const saved& handle) {
 }
 
 void activation_manager::wait_for_copy_back(entry& e) {
+  if (e.allocated_on) {
+    // A reader on another stream than the block's: its free must wait for this reader's work.
+    const c10::cuda::CUDAStream reader = c10::cuda::getCurrentCUDAStream(e.device.index());
+    if (reader.unwrap() != *e.allocated_on) {
+      c10::cuda::CUDACachingAllocator::recordStream(e.storage.data_ptr(), reader);
+    }
+  }
   if (!e.copy) return;
   if (e.copy->query()) {  // landed: nothing left to order after
     e.copy.reset();

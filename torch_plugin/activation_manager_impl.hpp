@@ -109,6 +109,10 @@ struct activation_manager::entry {
   // spilled entry's is its spill's copy out, or, evicted clean, the copy back before (which came
   // after that spill's copy out).
   std::optional<c10::Event> copy;
+  // CUDA: the stream its current block was allocated on by a copy back (a prefetch's may be
+  // another than its readers'): a reader on another stream is recorded on the block (its free
+  // then waits for that reader's work too).
+  std::optional<c10::Stream> allocated_on;
   bool prefetched = false;  // restored ahead of its unpack, not unpacked since
   // The allocator its memory came from when it was last evicted (the pressure source's; nullptr:
   // none, or not spillway's memory): where a prefetch asks for room.

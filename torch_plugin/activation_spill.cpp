@@ -187,6 +187,7 @@ void activation_manager::copy_in(entry& e, bool keep_host) {
     // another device's backward, a multi-device segment).
     const c10::OptionalDeviceGuard on_its_device(e.device);
     e.storage.set_data_ptr_noswap(e.storage.allocator()->allocate(e.nbytes));
+    if (e.device.is_cuda()) e.allocated_on = c10::cuda::getCurrentCUDAStream(e.device.index()).unwrap();
   }
   e.storage.set_nbytes(e.nbytes);
   std::optional<c10::cuda::CUDAStream> queued;  // the stream of a copy queued into the block

@@ -211,8 +211,8 @@ free_result torch_allocator::release(void* ptr) noexcept {
       // A recorder that fails must not keep the memory: free it anyway.
     }
   }
-  if (any_other_device_use_.load(std::memory_order_acquire)) [[unlikely]] {
-    if (device_allocator* owner = devices_->owner_of(ptr)) order_after_other_devices(ptr, *owner);
+  if (other_device_use_count_.load(std::memory_order_acquire) > 0) [[unlikely]] {
+    if (!order_after_other_devices(ptr)) return free_result::freed;  // kept: see there
   }
   const free_result result = devices_->deallocate(ptr, &holder);  // a double free is reported there
   if (result == free_result::foreign) return result;
@@ -334,55 +334,71 @@ void torch_allocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStrea
     // (another's default stream would even look like the block's own). Kept here, and ordered
     // at the free (order_after_other_devices).
     std::lock_guard lock(other_device_uses_mutex_);
-    auto& uses = other_device_uses_[ptr.get()];
-    if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
-    any_other_device_use_.store(true, std::memory_order_release);
+    auto [it, added] = other_device_uses_.try_emplace(ptr.get());
+    if (added) other_device_use_count_.fetch_add(1, std::memory_order_release);
+    if (std::find(it->second.begin(), it->second.end(), stream) == it->second.end()) {
+      it->second.push_back(stream);
+    }
     return;
   }
   owner->record_stream(ptr.get(), devices_->stream_of(stream.stream()));
 }
 
-// Before `ptr` (a live block of `owner`) is freed: its own stream waits for the work queued so
-// far on the streams of other devices that used it, so that whatever gets the block next on that
-// stream (the only one its pool serves) runs after them, as do a release (which synchronises its
-// device) and an unmapping. An event on the other stream and a wait: no host synchronisation. If
-// either cannot be made, the host waits for that stream instead; if even that fails, the error
-// is reported and the free goes on (the memory cannot be kept from a deleter that must not throw).
-void torch_allocator::order_after_other_devices(void* ptr, device_allocator& owner) noexcept {
+// Before `ptr` is freed: the block's own stream waits for the work queued so far on the streams
+// of other devices that used it, so that whatever gets the block next on that stream (the only
+// one its pool serves) runs after them, as do a release (which synchronises its device) and an
+// unmapping. An event on the other stream and a wait: no host synchronisation; if either cannot
+// be made, the host waits for that stream. Returns false when even that failed for some stream:
+// the caller then keeps the block (leaked, reported) rather than reuse it early, as the device
+// allocator does (Note [Cross-stream frees]).
+bool torch_allocator::order_after_other_devices(void* ptr) noexcept {
   std::vector<c10::cuda::CUDAStream> uses;
-  {
+  try {
     std::lock_guard lock(other_device_uses_mutex_);
     auto it = other_device_uses_.find(ptr);
-    if (it == other_device_uses_.end()) return;
+    if (it == other_device_uses_.end()) return true;
     uses = std::move(it->second);
     other_device_uses_.erase(it);
+    other_device_use_count_.fetch_sub(1, std::memory_order_relaxed);
+  } catch (...) {
+    return false;
   }
+  device_allocator* owner = devices_->owner_of(ptr);
+  if (owner == nullptr) return true;  // not live (a double free): reported by the free itself
+  bool ordered = true;
+  cudaStream_t own = nullptr;
   try {
-    const auto own = reinterpret_cast<cudaStream_t>(owner.describe(ptr).stream.value);
-    const auto own_device = static_cast<c10::DeviceIndex>(owner.device());
-    for (const c10::cuda::CUDAStream& use : uses) {
-      cudaEvent_t done = nullptr;
+    own = reinterpret_cast<cudaStream_t>(owner->describe(ptr).stream.value);
+  } catch (...) {
+    return false;
+  }
+  const auto own_device = static_cast<c10::DeviceIndex>(owner->device());
+  for (const c10::cuda::CUDAStream& use : uses) {
+    try {
       cudaError_t err = cudaSuccess;
       {
         c10::cuda::CUDAGuard on_use(use.device_index());
+        cudaEvent_t done = nullptr;
         err = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
         if (err == cudaSuccess) err = cudaEventRecord(done, use.stream());
+        if (err == cudaSuccess) {
+          c10::cuda::CUDAGuard on_own(own_device);
+          err = cudaStreamWaitEvent(own, done, 0);
+        }
+        if (done != nullptr) (void)cudaEventDestroy(done);  // on its device; the wait holds it
+        if (err != cudaSuccess) {
+          (void)cudaGetLastError();
+          C10_CUDA_CHECK(cudaStreamSynchronize(use.stream()));
+        }
       }
-      if (err == cudaSuccess) {
-        c10::cuda::CUDAGuard on_own(own_device);
-        err = cudaStreamWaitEvent(own, done, 0);
-      }
-      if (done != nullptr) (void)cudaEventDestroy(done);  // the wait holds what it needs
-      if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        c10::cuda::CUDAGuard on_use(use.device_index());
-        C10_CUDA_CHECK(cudaStreamSynchronize(use.stream()));
-      }
+    } catch (const std::exception& e) {
+      ordered = false;
+      std::cerr << "spillway: cannot order the free of " << format_pointer(ptr)
+                << " after a stream of cuda:" << static_cast<int>(use.device_index())
+                << " that used it (" << e.what() << "); the block is kept rather than reused early\n";
     }
-  } catch (const std::exception& e) {
-    std::cerr << "spillway: cannot order the free of " << format_pointer(ptr)
-              << " after the streams of other devices that used it: " << e.what() << '\n';
   }
+  return ordered;
 }
 
 std::pair<size_t, size_t> torch_allocator::getMemoryInfo(c10::DeviceIndex device) {

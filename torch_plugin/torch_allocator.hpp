@@ -149,7 +149,7 @@ class torch_allocator final : public c10::cuda::CUDACachingAllocator::CUDAAlloca
                                        const out_of_memory& error,
                                        std::shared_ptr<c10::GatheredContext> context);
   out_of_memory::details oversized_details(const device_allocator& d, std::size_t nbytes) const;
-  void order_after_other_devices(void* ptr, device_allocator& owner) noexcept;
+  bool order_after_other_devices(void* ptr) noexcept;
   void checked_index(c10::DeviceIndex device, const char* caller) const;
   device_allocator& checked_device(c10::DeviceIndex device, const char* caller);
 
@@ -166,7 +166,7 @@ class torch_allocator final : public c10::cuda::CUDACachingAllocator::CUDAAlloca
   // recordStream's streams of other devices than the block's, by pointer, until its free.
   std::mutex other_device_uses_mutex_;
   std::unordered_map<const void*, std::vector<c10::cuda::CUDAStream>> other_device_uses_;
-  std::atomic<bool> any_other_device_use_{false};  // a free looks them up only once there were some
+  std::atomic<std::size_t> other_device_use_count_{0};  // entries: a free looks only when some
 };
 
 // Installs `allocator` as PyTorch's CUDA allocator (see the contract). Throws c10::Error when

@@ -124,12 +124,23 @@ void* vmm::reserve(std::size_t bytes) {
   CUresult res = api_.address_reserve(&base, bytes, granularity_, 0, 0);
   if (res == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
   if (res != CUDA_SUCCESS) throw_driver_error(res, "cuMemAddressReserve(" + format_bytes(bytes) + ")");
+  try {
+    std::lock_guard lock(mutex_);
+    ranges_.insert(static_cast<std::uintptr_t>(base));
+  } catch (...) {
+    (void)api_.address_free(base, bytes);
+    throw;
+  }
   return reinterpret_cast<void*>(base);
 }
 
 void vmm::release(void* base, std::size_t bytes) noexcept {
   if (granularity_ == 0 || base == nullptr) return;
   unmap(base, bytes);
+  {
+    std::lock_guard lock(mutex_);
+    ranges_.erase(reinterpret_cast<std::uintptr_t>(base));  // allocates nothing
+  }
   (void)api_.address_free(reinterpret_cast<CUdeviceptr>(base), bytes);
 }
 
@@ -198,18 +209,25 @@ void vmm::grant_access(int peer) {
   for (const CUmemAccessDesc& d : access_) {
     if (d.location.id == peer) return;  // this device, or a peer granted before
   }
-  // The pages mapped now, run by run of consecutive pages (one call may span allocations).
+  // The peer first, so that every page mapped from now on is granted whatever happens below (as
+  // PyTorch's expandable segments add the peer before setting access).
+  access_.push_back(desc);
+  // The pages mapped now, run by run of consecutive pages of one reserved range (a call may span
+  // the allocations of a range, not two ranges); every run is tried, the first failure reported.
+  CUresult first_failure = CUDA_SUCCESS;
+  std::string failed_call;
   for (auto it = pages_.begin(); it != pages_.end();) {
     const std::uintptr_t begin = it->first;
     std::uintptr_t end = begin + granularity_;
-    for (++it; it != pages_.end() && it->first == end; ++it) end += granularity_;
+    for (++it; it != pages_.end() && it->first == end && !ranges_.contains(end); ++it) end += granularity_;
     const CUresult res = api_.set_access(static_cast<CUdeviceptr>(begin), end - begin, &desc, 1);
-    if (res != CUDA_SUCCESS) {
-      throw_driver_error(res, "cuMemSetAccess(" + range_text(reinterpret_cast<void*>(begin), end - begin) +
-                                  ") for cuda:" + std::to_string(peer));
+    if (res != CUDA_SUCCESS && first_failure == CUDA_SUCCESS) {
+      first_failure = res;
+      failed_call = "cuMemSetAccess(" + range_text(reinterpret_cast<void*>(begin), end - begin) +
+                    ") for cuda:" + std::to_string(peer);
     }
   }
-  access_.push_back(desc);
+  if (first_failure != CUDA_SUCCESS) throw_driver_error(first_failure, failed_call);
 }
 
 // noexcept, so it allocates nothing: the pages are unmapped where the map holds them (under the

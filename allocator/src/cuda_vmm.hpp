@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,6 +86,7 @@ class vmm {
   CUmemAllocationProp prop_{};
   // This device's access, then each peer's (guarded by mutex_; map() sets them all).
   std::vector<CUmemAccessDesc> access_;
+  std::set<std::uintptr_t> ranges_;  // bases of the reserved ranges (guarded by mutex_)
   std::size_t granularity_ = 0;
   std::string unavailable_reason_;
 
