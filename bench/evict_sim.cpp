@@ -15,8 +15,9 @@
 // without an engine and without a budget.
 //
 // Exit status: 0 when every replay ran (an out-of-memory at some budget is a result, not a
-// failure); 1 when a replay brought back wrong bytes (--verify) or a smoke check failed; 2 on bad
-// arguments or a bad trace.
+// failure); 1 when a replay brought back wrong bytes (--verify), a run failed with an error other
+// than out of memory (status "error", ERROR in the table: a bug of the engine or the replay), or a
+// smoke check failed; 2 on bad arguments or a bad trace.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -9,8 +9,9 @@
 // clock). The default budget is 60% of the simulated device, or of the GPU's free memory. --smoke is
 // a ~1 s run with 4 threads, 2 streams and a 256 MiB budget, for ctest.
 //
-// Exit status: 0 when every check passed; 1 on corruption, a refused free, a worker error, or
-// allocator statistics that do not return to zero after every free; 2 on bad arguments.
+// Exit status: 0 when every check passed; 1 on corruption, a refused free, a worker error,
+// allocator statistics that do not return to zero after every free, or a peak reserved over the
+// budget; 2 on bad arguments.
 // The workload is described in stress_run.hpp, the checks in stress_work.hpp.
 #include <unistd.h>
 

@@ -4,8 +4,9 @@
 // variants) and cudaMemGetInfo come here. docs/integration.md is the user guide.
 //
 // Contract
-// - Allocations come from spillway's process allocator (process_instance.hpp) on the current
-//   device; out of memory within the budget is cudaErrorMemoryAllocation, a bad argument
+// - Allocations come from spillway's process allocator (process_instance.hpp): cudaMalloc's on
+//   the current device, cudaMallocAsync's on the stream's device (the runtime's own while the
+//   stream is being captured: Note [Preload streams]); out of memory within the budget is cudaErrorMemoryAllocation, a bad argument
 //   cudaErrorInvalidValue, an invalid SPILLWAY_CONF cudaErrorInitializationError (and the message,
 //   once, on stderr). Every failure's message is in spillway_last_error().
 // - A free of memory spillway does not hold (allocated before the shim was loaded, by

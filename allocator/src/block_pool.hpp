@@ -72,8 +72,7 @@ class block_pool {
 
  private:
   stat_type type() const noexcept { return small_ ? stat_type::small_pool : stat_type::large_pool; }
-  // Note [Oversize blocks]: an oversize block serves only a request of at least max_split_size,
-  // and one less than a large segment (20 MiB) smaller than itself.
+  // Note [Oversize blocks]: which requests an oversize block may serve, whole.
   // At or above the limit, a block less than 20 MiB larger; below it, only a block less than the
   // segment rounding larger: the segment such a request gets of its own when that rounding takes
   // it to the limit (a 63 MiB request under a 64 MiB limit), which must serve it again.

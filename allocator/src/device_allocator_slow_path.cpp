@@ -447,7 +447,7 @@ budget_report device_allocator::impl::set_budget_releasing_lock(std::unique_lock
   return report;
 }
 
-// --- step 6: fail ----------------------------------------------------------------------------------
+// --- step 7: fail ----------------------------------------------------------------------------------
 
 void device_allocator::impl::throw_out_of_memory_locked(std::size_t requested, std::size_t rounded,
                                                         std::size_t pinned) {

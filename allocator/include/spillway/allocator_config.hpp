@@ -36,8 +36,9 @@ struct allocator_config {
   std::size_t expandable_address_range = 0;
 
   // PyTorch's max_split_size_mb, in bytes: free blocks of at least this size are "oversize". An
-  // oversize block is never split; a request below the limit is not served from one, and a
-  // request at or above it only from one less than 20 MiB larger, so large cached segments stay
+  // oversize block is never split; a request below the limit is served only from one less than
+  // 2 MiB (the segment rounding) larger, and a request at or above it only from one less than
+  // 20 MiB larger, so large cached segments stay
   // whole for the large requests they were made for instead of holding a small block at one end
   // (Note [Oversize blocks] in docs/design.md). no_split_limit: no limit (PyTorch's default).
   // Otherwise it must be over 20 MiB, the large pool's segment size. Fixed segments only: with

@@ -5,7 +5,8 @@
 //   It throws invalid_argument for bytes == 0 or bytes > size_classes::max_request_size, and
 //   out_of_memory when the request cannot fit within the budget and the device after the whole
 //   pressure path: reuse -> reap finished events -> reserve -> release the free cache when that
-//   alone covers the budget's shortfall -> pressure handlers -> release cached segments -> fail
+//   alone covers the budget's shortfall -> pressure handlers -> release cached segments -> a
+//   small request from a large free block -> fail
 //   (Note [Memory pressure path]). After out_of_memory no live allocation has
 //   changed (cached memory may have been released, and pressure handlers may have evicted).
 // - deallocate(ptr) is noexcept. A block returns to its pool at once when only its own stream used
