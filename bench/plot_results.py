@@ -248,10 +248,6 @@ def sim_traces(path):
     return d
 
 
-def good(run):
-    return run.get("ok") and run.get("verify_mismatches", 0) == 0
-
-
 def run_status(run):
     """ok, oom, error or corrupt: the JSON's status; older JSON without one, from its fields."""
     if "status" in run:
@@ -259,6 +255,10 @@ def run_status(run):
     if run.get("ok"):
         return "corrupt" if run.get("verify_mismatches", 0) else "ok"
     return "oom" if str(run.get("failure", "")).startswith("out of memory") else "error"
+
+
+def good(run):
+    return run_status(run) == "ok"
 
 
 def missing_label(trace, mode, ratio):

@@ -102,9 +102,9 @@ TraceEntry::Action trace_action(segment_change what) {
 }  // namespace
 
 allocation_history::context_scope::context_scope(const allocation_history& history, action what)
-    : history_(&history),
-      context_(history.active() ? history.gather(what) : nullptr),
-      outer_(current_scope) {
+    : history_(&history), outer_(current_scope), open_(history.active()) {
+  if (!open_) return;  // nobody listens (every allocation comes here): nothing to gather or lend
+  context_ = history.gather(what);
   current_scope = this;
 }
 
