@@ -8,8 +8,10 @@
 // neighbour is brought back; a set cut in two by bringing back the buffer between them charges
 // each side only for its own part, while two dropped neighbours still joined another way stay
 // one set; forgetting a dropped buffer that joined two sets cuts them apart; set_lineage moves a
-// buffer's neighbourhood with its producer. And, on random graphs with random drops, restores
-// and new nodes, every candidate's cost equals one computed from scratch by the test. And that a
+// buffer's neighbourhood with its producer; a node's dropped outputs are one set that counts the
+// node once, and a buffer whose sibling is dropped is not charged its own node again. And, on
+// random graphs with random drops, restores and new nodes, every candidate's cost equals one
+// computed from scratch by the test. And that a
 // decision finds the one buffer that is cheap per byte among more than DTR samples, because the
 // engine's order of candidates by cost per byte follows each change of its neighbourhood; and
 // that this order (cheapest_to_drop) is by what dropping costs, leaves out pinned buffers and
@@ -19,6 +21,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <set>
 #include <vector>
 
 #include "engine_fixture.hpp"
@@ -127,6 +130,52 @@ TEST_CASE("bringing back the buffer between two dropped sets cuts them apart; an
   env.check_clean();
 }
 
+TEST_CASE("a node's outputs: one set when dropped, its cost counted once, never charged to a sibling twice") {
+  // n = f(s) has outputs a and b; x reads a, y reads b, z reads x and y. s has lineage of its
+  // own (a source cannot be dropped, so it is described without a neighbourhood).
+  engine_env env(drop_only());
+  lineage_graph g(env);
+  const buffer_id s = g.node({g.source(k_bytes)}, {k_bytes}, {}, 1)[0];
+  const std::vector<buffer_id> ab = g.node({s}, {k_bytes, k_bytes}, {}, 1000);
+  const buffer_id a = ab[0];
+  const buffer_id b = ab[1];
+  const buffer_id x = g.node({a}, {k_bytes}, {}, 10)[0];
+  const buffer_id y = g.node({b}, {k_bytes}, {}, 20)[0];
+  const buffer_id z = g.node({x, y}, {k_bytes}, {}, 5)[0];
+  env.sim->run_until_idle();
+
+  drop(env, a);
+  CHECK(neighbourhood(env, s) == 1000);
+  CHECK(neighbourhood(env, x) == 1000);
+  CHECK(neighbourhood(env, b) == 0);  // dropping b as well runs n once more, not twice: adds nothing
+  drop(env, b);                       // {a, b}: one set, n once
+  CHECK(neighbourhood(env, s) == 1000);
+  CHECK(neighbourhood(env, x) == 1000);
+  CHECK(neighbourhood(env, y) == 1000);
+
+  SUBCASE("the sibling left keeps the node's cost when the other is forgotten") {
+    g.forget(z);
+    g.forget(x);
+    g.forget(a);  // nothing reads it now: it leaves the graph
+    env.sim->run_until_idle();
+    CHECK(neighbourhood(env, s) == 1000);
+    CHECK(neighbourhood(env, y) == 1000);
+  }
+  SUBCASE("dropped with the outputs' readers: one set, each node once") {
+    drop(env, x);
+    drop(env, y);
+    CHECK(neighbourhood(env, s) == 1030);
+    CHECK(neighbourhood(env, z) == 1030);
+    g.expect(x);  // runs n (a and b come back), then x: {y} is left
+    env.sim->run_until_idle();
+    CHECK(neighbourhood(env, b) == 20);
+    CHECK(neighbourhood(env, a) == 0);
+    CHECK(neighbourhood(env, s) == 0);
+    CHECK(neighbourhood(env, z) == 20);
+  }
+  env.check_clean();
+}
+
 TEST_CASE("forgetting a dropped buffer that joined two sets cuts them apart") {
   // z = f(a, b) with a, b, z dropped: one set. z is read by nothing, so forgetting it frees it.
   engine_env env(drop_only());
@@ -227,34 +276,39 @@ TEST_CASE("random graphs: every candidate's neighbourhood cost equals one comput
     std::vector<buffer_id> ids;
     for (int i = 0; i < 3; ++i) ids.push_back(g.source(k_bytes));
 
-    // From scratch: the dropped buffers' connected sets, and for each other buffer the sum over
-    // the distinct sets next to it.
+    // From scratch: the dropped buffers' connected sets (a node's inputs and outputs are adjacent,
+    // and so are its outputs), each costing its members' distinct nodes; for each other buffer,
+    // the distinct nodes of the sets next to it other than its own producer, summed.
     const auto check_all = [&] {
       const auto& bufs = g.buffers();
       const std::size_t n = bufs.size();
       std::vector<bool> dropped(n);
       for (std::size_t i = 0; i < n; ++i) dropped[i] = env.eng().state(bufs[i].id) == buffer_state::dropped;
       std::vector<std::vector<std::size_t>> adjacent(n);
+      const auto link = [&](int u, int v) {
+        adjacent[static_cast<std::size_t>(u)].push_back(static_cast<std::size_t>(v));
+        adjacent[static_cast<std::size_t>(v)].push_back(static_cast<std::size_t>(u));
+      };
       for (const auto& node : g.nodes()) {
         for (int in : node.inputs) {
-          for (int out : node.outputs) {
-            adjacent[static_cast<std::size_t>(in)].push_back(static_cast<std::size_t>(out));
-            adjacent[static_cast<std::size_t>(out)].push_back(static_cast<std::size_t>(in));
-          }
+          for (int out : node.outputs) link(in, out);
+        }
+        for (std::size_t j = 0; j < node.outputs.size(); ++j) {
+          for (std::size_t k = j + 1; k < node.outputs.size(); ++k) link(node.outputs[j], node.outputs[k]);
         }
       }
       std::vector<std::size_t> set(n, n);  // component id of each dropped buffer
-      std::vector<double> set_cost;
+      std::vector<std::set<int>> set_nodes;
       for (std::size_t i = 0; i < n; ++i) {
         if (!dropped[i] || set[i] != n) continue;
-        const std::size_t id = set_cost.size();
-        set_cost.push_back(0);
+        const std::size_t id = set_nodes.size();
+        set_nodes.emplace_back();
         std::vector<std::size_t> stack{i};
         set[i] = id;
         while (!stack.empty()) {
           const std::size_t v = stack.back();
           stack.pop_back();
-          set_cost[id] += node_cost.at(bufs[v].node);
+          set_nodes[id].insert(bufs[v].node);
           for (std::size_t w : adjacent[v]) {
             if (dropped[w] && set[w] == n) {
               set[w] = id;
@@ -271,7 +325,9 @@ TEST_CASE("random graphs: every candidate's neighbourhood cost equals one comput
           if (dropped[w] && std::find(next.begin(), next.end(), set[w]) == next.end()) next.push_back(set[w]);
         }
         double expected = 0;
-        for (std::size_t k : next) expected += set_cost[k];
+        for (std::size_t k : next) {
+          for (int node : set_nodes[k]) expected += node == bufs[i].node ? 0 : node_cost.at(node);
+        }
         CHECK_MESSAGE(c->neighbourhood_cost_ns == doctest::Approx(expected).epsilon(1e-9),
                       "buffer index " << i);
       }

@@ -503,7 +503,7 @@ detail::candidate_record eviction_engine::impl::make_record_locked(buffer_entry&
   r.size = e.size;
   r.last_access_ns = e.last_access_ns;
   r.recompute_ns = static_cast<float>(e.producer != nullptr ? e.producer->desc.cost_ns : 0);
-  r.neighbourhood_ns = static_cast<float>(e.neighbourhood_ns);
+  r.neighbourhood_ns = static_cast<float>(charged_neighbourhood_locked(e));
   r.stream = e.stream;
   r.segment_size = e.segment_size;
   r.whole_segment = e.whole_segment;

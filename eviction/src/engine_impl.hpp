@@ -156,6 +156,9 @@ struct eviction_engine::impl {
   void add_to_boundaries_locked(detail::buffer_entry& e);
   void remove_from_boundaries_locked(detail::buffer_entry& e) noexcept;
   void set_neighbourhood_locked(detail::buffer_entry& e, double cost_ns) noexcept;
+  // What dropping e adds to its own recompute cost: its neighbourhood, less its producer's cost
+  // where a dropped sibling's class counts that already (the policies' neighbourhood cost).
+  double charged_neighbourhood_locked(const detail::buffer_entry& e) const noexcept;
   detail::dtr_class* make_class_locked();
   void free_class_locked(detail::dtr_class* c) noexcept;
   void lose_neighbourhood_locked() noexcept;

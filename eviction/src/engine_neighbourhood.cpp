@@ -3,11 +3,17 @@
 // DTR charges a victim its own recompute cost plus that of the dropped buffers next to it in the
 // lineage graph, which dropping it would tie to it (e*, Note [Eviction policies]). Here the graph's
 // vertices are the registered buffers, and u, m are adjacent when u is an input of m's producer
-// (or the other way round). The dropped buffers fall into connected components, the classes
+// (or the other way round), or when both are outputs of one node (siblings: recomputing one
+// brings the other back with it). The dropped buffers fall into connected components, the classes
 // (registry.hpp: dtr_class), each with its summed cost and its boundary: the buffers next to a
-// member, with their edge counts. Every buffer that is not dropped keeps neighbourhood_ns, the sum
-// of the costs of the distinct classes next to it, and a candidate's record keeps a copy, so that
-// a decision reads one number instead of walking producers, consumers and classes.
+// member, with their edge counts. A class's cost counts each node once, however many of its
+// outputs are members: the dropped outputs of a node are adjacent, so they are always in one
+// class, and one of them holds the node's cost (member_cost_ns; the others hold 0; when it comes
+// back, a dropped sibling takes the cost over). Every buffer that is not dropped keeps
+// neighbourhood_ns, the sum of the costs of the distinct classes next to it, and a candidate's
+// record keeps what dropping it would add beyond its own cost (charged_neighbourhood_locked:
+// without its producer's cost, when a dropped sibling's class already counts it), so that a
+// decision reads one number instead of walking producers, consumers and classes.
 //
 // Upkeep, each step proportional to what it touches, never to the number of buffers:
 //   drop t         t leaves the boundaries it was on; the classes next to it merge with it (the
@@ -39,12 +45,16 @@ using detail::node_entry;
 namespace {
 
 // Calls f(u) for each edge between e and another buffer of the graph: its producer's inputs and
-// the outputs of the nodes that read it. An input read twice is two edges, seen from both ends.
+// other outputs, and the outputs of the nodes that read it. An input read twice is two edges,
+// seen from both ends.
 template <class F>
 void for_each_neighbour(const buffer_entry& e, F&& f) {
   if (e.producer != nullptr) {
     for (buffer_entry* in : e.producer->inputs) {
       if (in != &e && in->in_graph) f(*in);
+    }
+    for (buffer_entry* sibling : e.producer->outputs) {
+      if (sibling != nullptr && sibling != &e && sibling->in_graph) f(*sibling);
     }
   }
   for (const node_entry* c : e.consumers) {
@@ -79,6 +89,19 @@ void erase_neighbour(dtr_class& c, dtr_class::neighbour* n) noexcept {
   c.boundary.pop_back();
 }
 
+// The dropped sibling of e (another output of its producer, a member of a class) that holds the
+// producer's cost in its class, or null. Dropped siblings are adjacent, so all of them are in one
+// class, and at most one holds a cost.
+buffer_entry* cost_holding_sibling(const buffer_entry& e) noexcept {
+  if (e.producer == nullptr) return nullptr;
+  buffer_entry* found = nullptr;
+  for (buffer_entry* s : e.producer->outputs) {
+    if (s == nullptr || s == &e || s->cls == nullptr) continue;
+    if (found == nullptr || s->member_cost_ns > found->member_cost_ns) found = s;
+  }
+  return found;
+}
+
 }  // namespace
 
 // Called for every buffer next to a class whenever the class changes, after its next read is
@@ -87,9 +110,14 @@ void eviction_engine::impl::set_neighbourhood_locked(buffer_entry& e, double cos
   e.neighbourhood_ns = cost_ns;
   if (!candidates.contains(e)) return;
   detail::candidate_record& r = candidates.record(e);
-  r.neighbourhood_ns = static_cast<float>(cost_ns);
+  r.neighbourhood_ns = static_cast<float>(charged_neighbourhood_locked(e));
   r.next_read = needed_next_locked(e);
   candidates.reorder(e, cost_per_byte_locked(r));
+}
+
+double eviction_engine::impl::charged_neighbourhood_locked(const buffer_entry& e) const noexcept {
+  const buffer_entry* s = e.cls == nullptr ? cost_holding_sibling(e) : nullptr;
+  return s == nullptr ? e.neighbourhood_ns : std::max(0.0, e.neighbourhood_ns - s->member_cost_ns);
 }
 
 std::uint32_t eviction_engine::impl::needed_next_locked(const buffer_entry& e) const noexcept {
@@ -266,7 +294,9 @@ void eviction_engine::impl::join_class_locked(buffer_entry& t) {
       next.push_back(m.cls);
     }
   });
-  const double own = t.producer != nullptr ? t.producer->desc.cost_ns : 0;
+  // Its producer's cost, unless a dropped sibling's class (one of `next`) counts it already.
+  const double own =
+      t.producer != nullptr && cost_holding_sibling(t) == nullptr ? t.producer->desc.cost_ns : 0;
   double cost = own;
   std::size_t members = 1;
   std::uint32_t next_read = t.next_read;
@@ -339,7 +369,15 @@ void eviction_engine::impl::leave_class_locked(buffer_entry& t) {
   moved->member_index = t.member_index;
   c->members.pop_back();
   t.cls = nullptr;
-  c->cost_ns = old_cost - t.member_cost_ns;
+  // What c stops charging: t's cost, unless a dropped sibling (in c: siblings are adjacent) takes
+  // the producer's cost over, since recomputing it still runs the same node.
+  double leaving = t.member_cost_ns;
+  t.member_cost_ns = 0;
+  if (buffer_entry* s = leaving > 0 ? cost_holding_sibling(t) : nullptr) {
+    s->member_cost_ns = leaving;
+    leaving = 0;
+  }
+  c->cost_ns = old_cost - leaving;
   set_neighbourhood_locked(t, 0);
 
   if (c->members.empty()) {  // t was alone: its neighbours are next to one class fewer
@@ -369,7 +407,7 @@ void eviction_engine::impl::leave_class_locked(buffer_entry& t) {
       erase_neighbour(*c, n);
     });
     for (const dtr_class::neighbour& n : c->boundary) {
-      set_neighbourhood_locked(*n.buffer, n.buffer->neighbourhood_ns - t.member_cost_ns);
+      set_neighbourhood_locked(*n.buffer, n.buffer->neighbourhood_ns - leaving);
     }
     add_to_boundaries_locked(t);
     return;

@@ -286,7 +286,7 @@ bool eviction_engine::impl::evict_locked(buffer_entry& e, eviction_mode mode) {
   const double recompute = e.producer != nullptr ? e.producer->desc.cost_ns : 0;
   // The neighbourhood the policy was shown (Note [Pinning together lets go to fit]): the choice
   // between spill and drop weighs what the victim was chosen on.
-  double neighbourhood = can_drop ? e.neighbourhood_ns : 0;
+  double neighbourhood = can_drop ? charged_neighbourhood_locked(e) : 0;
   if (wanted_now_entries > 0 && e.wanted_now) {
     candidate_info unused;
     describe_wanted_now_locked(e, unused, neighbourhood);

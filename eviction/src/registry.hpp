@@ -38,13 +38,14 @@ struct node_entry;
 struct buffer_entry;
 
 // A connected component of dropped buffers in the lineage graph (buffers are adjacent when one is
-// an input of the other's producer): DTR's evicted neighbourhood, exact (Note [Eviction policies]).
+// an input of the other's producer, or both are outputs of one node): DTR's evicted
+// neighbourhood, exact (Note [Eviction policies]).
 struct dtr_class {
   struct neighbour {
     buffer_entry* buffer;  // not dropped, in the graph
     std::uint32_t edges;   // lineage edges between it and members (an input read twice counts twice)
   };
-  double cost_ns = 0;                   // the members' recompute costs, summed
+  double cost_ns = 0;                   // the members' producers' costs, each node once
   // The earliest of the members' next reads (buffer_entry::next_read): when the class
   // is next needed, so when the buffers it would be rematerialised from are (Note [Next-use
   // prediction]). access_profile::no_event without a prediction.
@@ -100,7 +101,8 @@ struct buffer_entry {
   bool in_graph = false;
   dtr_class* cls = nullptr;            // dropped and in the graph: its class
   std::uint32_t member_index = 0;      // in cls->members
-  double member_cost_ns = 0;           // what it added to its class (its producer's cost then)
+  double member_cost_ns = 0;           // what it adds to its class: its producer's cost then, or
+                                       // 0 where a dropped sibling holds that cost
 
   double neighbourhood_ns = 0;         // not dropped: the summed cost of the classes next to it
   std::uint64_t mark = 0;              // scratch for one upkeep step
@@ -119,7 +121,7 @@ struct alignas(64) candidate_record {
   stream_ref stream;
   std::size_t segment_size = 0;
   float recompute_ns = 0;        // its producer's cost (0 without lineage)
-  float neighbourhood_ns = 0;    // kept equal to entry->neighbourhood_ns
+  float neighbourhood_ns = 0;    // kept equal to charged_neighbourhood_locked(*entry)
   // When it is next needed, as an event of the last step's record: the earlier of its own next
   // read (entry->next_read) and that of its dropped dependants' classes, which
   // set_neighbourhood_locked keeps current (Note [Next-use prediction]).
