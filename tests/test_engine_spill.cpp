@@ -12,7 +12,9 @@
 // resident and intact; a failed copy back, device reservation or event creation during a restore
 // surfaces from pin (device_error, out_of_memory) with the buffer still spilled and pinnable later;
 // and a restore that fails after its copy back was queued, when its stream cannot be drained
-// either, does not let the block be handed out while the copy may still write it.
+// either, does not let the block be handed out while the copy may still write it. A copy out
+// that its buffer stops waiting for (restored or forgotten while spilling) is counted as queued
+// on the copy engine until it completes.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -90,6 +92,40 @@ void overwrite_elsewhere(engine_env& env, stream_ref s, stream_ref use, const vo
 }
 
 }  // namespace
+
+TEST_CASE("a copy out that its buffer stops waiting for holds the copy engine until it completes") {
+  // A spill is priced behind the copies already queued to the host (cost_model::spill_cost_ns).
+  engine_env env;
+  lineage_graph g(env);
+  const stream_ref s = env.stream();
+  const buffer_id a = g.source(1 * MiB, s);
+  const buffer_id b = g.source(1 * MiB, s);
+  env.sim->run_until_idle();
+  const auto spill_cost = [&] {
+    const std::optional<eviction::candidate_info> c = env.eng().describe_candidate(b);
+    REQUIRE(c.has_value());
+    return c->cost_ns;
+  };
+  const double idle = spill_cost();
+  env.sim->hold(s);  // a's copy out waits behind s
+  REQUIRE(env.eng().evict(a, eviction_mode::spill));
+  const double behind_a = spill_cost();
+  CHECK(behind_a > idle);
+
+  SUBCASE("restored while spilling") {
+    { const pinned_buffer p = env.eng().pin(a); }  // its copy back queued behind the copy out
+    CHECK(spill_cost() == doctest::Approx(behind_a));
+  }
+  SUBCASE("forgotten while spilling") {
+    g.forget(a);
+    CHECK(spill_cost() == doctest::Approx(behind_a));
+  }
+  env.sim->release(s);
+  env.sim->run_until_idle();
+  (void)env.eng().state(b);  // reaps the completed copies
+  CHECK(spill_cost() == doctest::Approx(idle));
+  env.check_clean();
+}
 
 TEST_CASE("a spilled block is not reused while its copy waits behind the buffer's stream") {
   engine_env env;

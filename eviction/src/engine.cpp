@@ -84,6 +84,7 @@ eviction_engine::~eviction_engine() {
     if (e.ready.value != 0) m.backend.destroy_event(e.ready);  // a restore not reaped above
     m.discard_host_copy_locked(e);
   });
+  for (const impl::detached_copy& c : m.detached_d2h) m.backend.destroy_event(c.done);
   for (event_ref e : m.idle_events) m.backend.destroy_event(e);
   m.backend.destroy_stream(m.d2h_stream);
   m.backend.destroy_stream(m.h2d_stream);

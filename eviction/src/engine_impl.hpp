@@ -67,7 +67,16 @@ struct eviction_engine::impl {
   std::unordered_map<void*, detail::buffer_entry*> by_pointer;  // resident device pointers
   std::vector<detail::buffer_entry*> in_flight;  // spilling or restoring, waiting on an event
   std::vector<event_ref> idle_events;
+  // The bytes of the device-to-host copies queued and not yet completed: what a new spill waits
+  // behind on the copy engine (cost_model::spill_cost_ns). A copy whose buffer stops waiting for
+  // it (restored, or its host copy discarded, while spilling) still holds the engine: its bytes
+  // stay counted until its event completes (detached_d2h, reaped with in_flight).
   std::size_t d2h_queued_bytes = 0;
+  struct detached_copy {
+    event_ref done;      // completes once the copy has (the spill's own event, or one after it)
+    std::size_t bytes;
+  };
+  std::vector<detached_copy> detached_d2h;
   // host.room() as the current decision saw it (refreshed before each): a buffer the host pool
   // has no room for is described, and evicted, as a drop, not priced as a spill it cannot make.
   std::size_t host_room = SIZE_MAX;
@@ -130,6 +139,10 @@ struct eviction_engine::impl {
   bool spill_locked(detail::buffer_entry& e);
   void restore_locked(detail::buffer_entry& e);
   void reap_in_flight_locked();
+  // A spill's copy that its buffer no longer waits for: its bytes leave d2h_queued_bytes when it
+  // completes. `done` is the spill's event, handed over, or null: an event is recorded after it on
+  // the d2h stream (if that cannot be done, the bytes leave the count at once).
+  void detach_d2h_copy_locked(event_ref done, std::size_t bytes) noexcept;
   void discard_host_copy_locked(detail::buffer_entry& e) noexcept;
   void order_after_locked(stream_ref waiter, stream_ref producer);
   void use_on_stream_locked(detail::buffer_entry& e, stream_ref s);

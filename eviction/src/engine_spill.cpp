@@ -133,9 +133,8 @@ void eviction_engine::impl::restore_locked(buffer_entry& e) {
     } catch (...) {
     }
   }
-  if (e.spill_done.value != 0) {
-    d2h_queued_bytes -= e.size;
-    give_event_locked(e.spill_done);
+  if (e.spill_done.value != 0) {  // restored while spilling: the copy out still runs
+    detach_d2h_copy_locked(e.spill_done, e.size);
     e.spill_done = {};
     std::erase(in_flight, &e);
   }
@@ -182,6 +181,37 @@ void eviction_engine::impl::reap_in_flight_locked() {
     in_flight[i] = in_flight.back();
     in_flight.pop_back();
   }
+  for (std::size_t i = 0; i < detached_d2h.size();) {
+    const detached_copy c = detached_d2h[i];
+    if (!backend.event_completed(c.done)) {
+      ++i;
+      continue;
+    }
+    give_event_locked(c.done);
+    d2h_queued_bytes -= c.bytes;
+    detached_d2h[i] = detached_d2h.back();
+    detached_d2h.pop_back();
+  }
+}
+
+void eviction_engine::impl::detach_d2h_copy_locked(event_ref done, std::size_t bytes) noexcept {
+  try {
+    detached_d2h.reserve(detached_d2h.size() + 1);
+    if (done.value == 0) {
+      const event_ref marker = take_event_locked();
+      try {
+        backend.record_event(marker, d2h_stream);
+      } catch (...) {
+        give_event_locked(marker);
+        throw;
+      }
+      done = marker;
+    }
+    detached_d2h.push_back({done, bytes});  // reserved: does not throw
+  } catch (...) {  // out of host memory, or no event: the estimate lets the bytes go now
+    if (done.value != 0) give_event_locked(done);
+    d2h_queued_bytes -= bytes;
+  }
 }
 
 // Drops the host copy of a buffer: now if no copy touches it, after the spill's copy otherwise.
@@ -193,7 +223,7 @@ void eviction_engine::impl::discard_host_copy_locked(buffer_entry& e) noexcept {
   const event_ref done = e.spill_done;
   e.host_ptr = nullptr;
   if (done.value != 0) {
-    d2h_queued_bytes -= e.size;
+    detach_d2h_copy_locked({}, e.size);  // `done` goes to the host pool below
     e.spill_done = {};
     std::erase(in_flight, &e);
   }
