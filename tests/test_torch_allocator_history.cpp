@@ -6,7 +6,8 @@
 // skip_actions, RecordContext STATE / ALLOC / ALL); the recorder runs outside every lock (another
 // thread's free, even a tensor deleter's, gets through while it runs); a failed record frees the
 // allocation and leaves the trace paired; trackers see every event; segment events
-// (SEGMENT_ALLOC/FREE/MAP/UNMAP) with the context of the call that caused them.
+// (SEGMENT_ALLOC/FREE/MAP/UNMAP) with the context of the call that caused them; each snapshot
+// leaves a SNAPSHOT entry with the active bytes it listed, in the next snapshot's trace.
 #include <doctest/doctest.h>
 
 #include <c10/util/Exception.h>
@@ -211,6 +212,34 @@ TEST_CASE("trace trackers see every event, segments' included") {
   CHECK(events[0].size_ == 2 * MiB);
   CHECK(events[4].addr_ == events[0].addr_);
   CHECK(events[4].size_ == events[0].size_);
+}
+
+TEST_CASE("each snapshot leaves a SNAPSHOT entry with the active bytes, for the next trace and trackers") {
+  auto a = make();
+  std::vector<TraceAction> tracked;
+  a->attachAllocatorTraceTracker(
+      [&](const c10::CachingDeviceAllocator::TraceEntry& e) { tracked.push_back(e.action_); });
+  a->recordHistory(true, &record_tag, 100, cca::RecordContext::STATE, true, {});
+  void* p = a->raw_alloc(3 * MiB);
+  const auto first = a->snapshot().device_traces[0];
+  REQUIRE_FALSE(first.empty());
+  CHECK(first.back().action_ == TraceAction::ALLOC);  // its own entry follows the traces it read
+  CHECK(tracked.back() == TraceAction::SNAPSHOT);
+  const auto second = a->snapshot().device_traces[0];
+  REQUIRE(second.size() == first.size() + 1);
+  CHECK(second.back().action_ == TraceAction::SNAPSHOT);
+  CHECK(second.back().addr_ == 0);
+  CHECK(second.back().size_ == 3 * MiB);  // the active bytes the first snapshot listed
+  CHECK(second.back().context_ == nullptr);
+
+  // A private pool's snapshot lists nothing, and says so; skip_actions takes "snapshot".
+  (void)a->snapshot({1, 1});
+  CHECK(a->snapshot().device_traces[0].back().size_ == 0);
+  a->recordHistory(true, &record_tag, 100, cca::RecordContext::STATE, true, {"snapshot"});
+  (void)a->snapshot();
+  CHECK(a->snapshot().device_traces[0].empty());
+  a->raw_delete(p);
+  a->recordHistory(false, nullptr, 0, cca::RecordContext::NEVER, true, {});
 }
 
 TEST_CASE("segment events in the history: a segment's context from its allocation to its release") {

@@ -150,6 +150,9 @@ class torch_allocator final : public c10::cuda::CUDACachingAllocator::CUDAAlloca
                                        std::shared_ptr<c10::GatheredContext> context);
   out_of_memory::details oversized_details(const device_allocator& d, std::size_t nbytes) const;
   bool order_after_other_devices(void* ptr) noexcept;
+  // snapshot(): one device's segments, then its SNAPSHOT history entry.
+  void append_segments(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                       std::vector<c10::cuda::CUDACachingAllocator::SegmentInfo>& segments);
   void checked_index(c10::DeviceIndex device, const char* caller) const;
   device_allocator& checked_device(c10::DeviceIndex device, const char* caller);
 

@@ -5,7 +5,7 @@
 // - While enabled, every allocation, free request, completed free, out-of-memory and segment
 //   event (SEGMENT_ALLOC / SEGMENT_FREE for fixed segments, SEGMENT_MAP / SEGMENT_UNMAP for
 //   ranges of expandable ones, from the device allocator's on_segment_change) that passes through
-//   torch_allocator is kept as a c10 TraceEntry in a ring of at most max_entries per device
+//   torch_allocator, and each snapshot taken (SNAPSHOT, size the active bytes listed), is kept as a c10 TraceEntry in a ring of at most max_entries per device
 //   (oldest dropped first), with the context torch's recorder gathers (Python and C++ stacks)
 //   when `when` asks for one. Actions named in skip_actions are not kept.
 // - A call's context is gathered once, before the device lock, by a context_scope; the segment
@@ -60,7 +60,7 @@ class allocation_history {
   // STATE or more; FREE_REQUESTED: with ALL), or null. Calls the recorder: no lock may be held.
   std::shared_ptr<c10::GatheredContext> gather(action what) const;
 
-  // One event (ALLOC, FREE_REQUESTED or OOM); `stream` is the raw stream, `address` the block's
+  // One event (ALLOC, FREE_REQUESTED, OOM or SNAPSHOT); `stream` is the raw stream, `address` the block's
   // (OOM: the device's free bytes, as PyTorch writes it), `context` what gather() gave. ALLOC
   // keeps the allocation's context; FREE_REQUESTED hands it to the free.
   void record(action what, c10::DeviceIndex device, std::size_t address, std::size_t size,

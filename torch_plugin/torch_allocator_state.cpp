@@ -107,9 +107,29 @@ cca::SnapshotInfo torch_allocator::snapshot(c10::MempoolId_t mempool_id, bool in
   for (int i = 0; i < count; ++i) {
     const auto device = static_cast<c10::DeviceIndex>(i);
     if (include_traces) out.device_traces[static_cast<std::size_t>(i)] = history_.entries(device);
-    const device_allocator* d = devices_->created_device(device);
-    // spillway has no private pools: a snapshot of one (a CUDA graph's) is empty.
-    if (d == nullptr || mempool_id.first != 0 || mempool_id.second != 0) continue;
+    append_segments(device, mempool_id, out.segments);
+  }
+  cca::AllocatorConfigInfo& cfg = out.config_metadata;
+  cfg.garbage_collection_threshold = 0.0;
+  cfg.max_split_size = config_.allocator.max_split_size;  // no_split_limit is SIZE_MAX, as PyTorch's
+  cfg.pinned_num_register_threads = 1;
+  cfg.expandable_segments = config_.allocator.expandable_segments;
+  cfg.release_lock_on_malloc = false;
+  cfg.pinned_use_host_register = false;
+  cfg.graph_capture_record_stream_reuse = false;
+  cfg.last_allocator_settings = "spillway";
+  return out;
+}
+
+// One device's segments in the snapshot, then, as PyTorch's allocator does, a SNAPSHOT entry in
+// its history (after its traces were read: the next snapshot's trace has it) whose size is the
+// active bytes listed, so that a viewer can place each snapshot among the events.
+void torch_allocator::append_segments(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
+                                      std::vector<cca::SegmentInfo>& segments) {
+  std::size_t total_active = 0;
+  const device_allocator* d = devices_->created_device(device);
+  // spillway has no private pools: a snapshot of one (a CUDA graph's) is empty.
+  if (d != nullptr && mempool_id.first == 0 && mempool_id.second == 0) {
     for (const segment_info& seg : d->snapshot().segments) {
       c10::CachingDeviceAllocator::SegmentInfo s;
       s.device = device;
@@ -136,19 +156,11 @@ cca::SnapshotInfo torch_allocator::snapshot(c10::MempoolId_t mempool_id, bool in
         }
         s.blocks.push_back(std::move(b));
       }
-      out.segments.push_back(std::move(s));
+      total_active += s.active_size;
+      segments.push_back(std::move(s));
     }
   }
-  cca::AllocatorConfigInfo& cfg = out.config_metadata;
-  cfg.garbage_collection_threshold = 0.0;
-  cfg.max_split_size = config_.allocator.max_split_size;  // no_split_limit is SIZE_MAX, as PyTorch's
-  cfg.pinned_num_register_threads = 1;
-  cfg.expandable_segments = config_.allocator.expandable_segments;
-  cfg.release_lock_on_malloc = false;
-  cfg.pinned_use_host_register = false;
-  cfg.graph_capture_record_stream_reuse = false;
-  cfg.last_allocator_settings = "spillway";
-  return out;
+  history_.record(cca::TraceEntry::SNAPSHOT, device, 0, total_active, nullptr, nullptr);
 }
 
 }  // namespace spillway::torch_plugin
