@@ -339,7 +339,7 @@ TEST_CASE("random graphs: every candidate's neighbourhood cost equals one comput
         std::vector<buffer_id> inputs;
         const std::size_t k = 1 + rng() % 3;
         for (std::size_t j = 0; j < k; ++j) inputs.push_back(ids[rng() % ids.size()]);
-        const std::size_t outs = 1 + rng() % 2;
+        const std::size_t outs = 1 + rng() % 3;  // up to 3: brought back with two dropped siblings
         const double cost = static_cast<double>(1 + rng() % 1000);
         const std::vector<buffer_id> out =
             g.node(inputs, std::vector<std::size_t>(outs, k_bytes), {}, cost);

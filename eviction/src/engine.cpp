@@ -138,6 +138,7 @@ node_id eviction_engine::add_node(lineage_node desc) {
   node_entry* n = m.nodes.make(id);
   n->id = id;
   n->alive = true;
+  n->cost_holder = nullptr;
   n->outputs.assign(desc.output_count, nullptr);
   n->output_sizes.assign(desc.output_count, 0);
   n->desc = std::move(desc);

@@ -28,6 +28,13 @@
 
 namespace spillway::eviction {
 
+// Makes room for one more element, so that the push_back after it cannot throw; grows
+// geometrically (reserve(size() + 1) allocates exactly that much: every push would copy them all).
+template <class T>
+void reserve_one_more(std::vector<T>& v) {
+  if (v.size() == v.capacity()) v.reserve(std::max<std::size_t>(8, 2 * v.capacity()));
+}
+
 // The way in of the engine's pressure handler. The allocator runs its handlers from a snapshot of
 // its list, without its lock, so a call may start after remove_pressure_handler has returned: the
 // handler holds this gate (shared), not the engine, and the engine's destructor closes it and waits

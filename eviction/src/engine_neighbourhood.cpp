@@ -8,8 +8,8 @@
 // (registry.hpp: dtr_class), each with its summed cost and its boundary: the buffers next to a
 // member, with their edge counts. A class's cost counts each node once, however many of its
 // outputs are members: the dropped outputs of a node are adjacent, so they are always in one
-// class, and one of them holds the node's cost (member_cost_ns; the others hold 0; when it comes
-// back, a dropped sibling takes the cost over). Every buffer that is not dropped keeps
+// class, and one of them holds the node's cost (node_entry::cost_holder, with member_cost_ns; the
+// others hold 0; when it comes back, a dropped sibling takes the cost over). Every buffer that is not dropped keeps
 // neighbourhood_ns, the sum of the costs of the distinct classes next to it, and a candidate's
 // record keeps what dropping it would add beyond its own cost (charged_neighbourhood_locked:
 // without its producer's cost, when a dropped sibling's class already counts it), so that a
@@ -20,9 +20,11 @@
 //                  smaller classes' members move to the largest); the boundary of the result is
 //                  the union of theirs and t's other neighbours, and each buffer on it moves by
 //                  the new class cost minus the costs of the classes it was next to.
-//   bring t back   t leaves its class C. With at most one dropped neighbour, C without t is still
-//                  connected (a path through t would use two of its neighbours): C's cost falls
-//                  by t's, neighbours whose only edge into C was t leave its boundary, t joins it.
+//   bring t back   t leaves its class C. With at most one dropped neighbour, or only dropped
+//                  siblings (adjacent to each other), C without t is still connected (a path
+//                  through t would use two of its neighbours): C's cost falls by t's (unless a
+//                  sibling takes it over), neighbours whose only edge into C was t leave its
+//                  boundary, t joins it.
 //                  With two or more, C may fall apart: its members are sorted into components
 //                  again (one walk over C) and the boundaries rebuilt.
 //   register       a new buffer joins the boundaries of the classes next to it (its inputs').
@@ -91,15 +93,19 @@ void erase_neighbour(dtr_class& c, dtr_class::neighbour* n) noexcept {
 
 // The dropped sibling of e (another output of its producer, a member of a class) that holds the
 // producer's cost in its class, or null. Dropped siblings are adjacent, so all of them are in one
-// class, and at most one holds a cost.
+// class, and exactly one of them holds the cost.
 buffer_entry* cost_holding_sibling(const buffer_entry& e) noexcept {
-  if (e.producer == nullptr) return nullptr;
-  buffer_entry* found = nullptr;
-  for (buffer_entry* s : e.producer->outputs) {
-    if (s == nullptr || s == &e || s->cls == nullptr) continue;
-    if (found == nullptr || s->member_cost_ns > found->member_cost_ns) found = s;
+  buffer_entry* holder = e.producer != nullptr ? e.producer->cost_holder : nullptr;
+  return holder != &e ? holder : nullptr;
+}
+
+// Another dropped output of t's producer, a member (in t's class), or null: one walk over the
+// outputs, when the holder leaves.
+buffer_entry* member_sibling(const buffer_entry& t) noexcept {
+  for (buffer_entry* s : t.producer->outputs) {
+    if (s != nullptr && s != &t && s->cls != nullptr) return s;
   }
-  return found;
+  return nullptr;
 }
 
 }  // namespace
@@ -154,6 +160,7 @@ void eviction_engine::impl::forget_class_next_reads_locked() noexcept {
 void eviction_engine::impl::lose_neighbourhood_locked() noexcept {
   neighbourhood_lost = true;
   buffers.for_each([&](buffer_entry& e) {
+    if (e.producer != nullptr) e.producer->cost_holder = nullptr;
     e.cls = nullptr;
     set_neighbourhood_locked(e, 0);
   });
@@ -349,6 +356,7 @@ void eviction_engine::impl::join_class_locked(buffer_entry& t) {
   t.cls = into;
   t.member_index = static_cast<std::uint32_t>(into->members.size());
   t.member_cost_ns = own;
+  if (t.producer != nullptr && t.producer->cost_holder == nullptr) t.producer->cost_holder = &t;
   into->members.push_back(&t);
   into->cost_ns = cost;
   into->next_read = next_read;
@@ -373,9 +381,13 @@ void eviction_engine::impl::leave_class_locked(buffer_entry& t) {
   // the producer's cost over, since recomputing it still runs the same node.
   double leaving = t.member_cost_ns;
   t.member_cost_ns = 0;
-  if (buffer_entry* s = leaving > 0 ? cost_holding_sibling(t) : nullptr) {
-    s->member_cost_ns = leaving;
-    leaving = 0;
+  if (t.producer != nullptr && t.producer->cost_holder == &t) {
+    buffer_entry* s = member_sibling(t);
+    t.producer->cost_holder = s;
+    if (s != nullptr) {
+      s->member_cost_ns = leaving;
+      leaving = 0;
+    }
   }
   c->cost_ns = old_cost - leaving;
   set_neighbourhood_locked(t, 0);
@@ -397,7 +409,14 @@ void eviction_engine::impl::leave_class_locked(buffer_entry& t) {
     }
   });
 
-  if (ends.size() <= 1) {  // c without t is still connected
+  // c without t is still connected when t had one dropped neighbour, or when all of them are
+  // outputs of t's producer (adjacent to each other: a path through t goes round it). So a node's
+  // outputs brought back one by one never split their class.
+  const bool siblings_only =
+      t.producer != nullptr && std::all_of(ends.begin(), ends.end(), [&](const buffer_entry* m) {
+        return m->producer == t.producer;
+      });
+  if (ends.size() <= 1 || siblings_only) {
     if (held_earliest(*c, t)) c->next_read = earliest_next_read(*c);
     for_each_neighbour(t, [&](buffer_entry& u) {
       if (u.cls != nullptr) return;

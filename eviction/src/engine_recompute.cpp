@@ -151,7 +151,7 @@ void eviction_engine::impl::rematerialise_locked(node_entry& top, std::size_t de
           if (it != position.end() && it->second > until) until = it->second;
         }
         if (until == i) continue;
-        held.reserve(held.size() + 1);
+        reserve_one_more(held);
         pin_locked(*out);
         held.push_back({out, until});
       }
@@ -295,7 +295,7 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
       if (out != nullptr && out->pins == 0 && resident && candidates.contains(*out)) {
         candidates.erase(*out);  // not evictable while its siblings are being made
       }
-      scratch.reserve(scratch.size() + 1);
+      reserve_one_more(scratch);
       void* p = allocate_locked(out != nullptr ? out->size : n.output_sizes[k], n.stream);
       output_ptrs[k] = p;
       if (resident || out == nullptr) {

@@ -57,7 +57,7 @@ bool eviction_engine::impl::spill_locked(buffer_entry& e) {
     done = take_event_locked();
     backend.record_event(done, d2h_stream);
     allocator.record_stream(e.device_ptr, d2h_stream);
-    in_flight.reserve(in_flight.size() + 1);
+    reserve_one_more(in_flight);
   } catch (const std::exception&) {
     // Nothing was freed: the buffer stays resident. A copy already queued only reads the block,
     // which stays allocated, into host memory that the pool reuses after the stream drains.
@@ -101,7 +101,7 @@ void eviction_engine::impl::restore_locked(buffer_entry& e) {
     backend.record_event(ready, h2d_stream);
     backend.stream_wait_event(e.stream, ready);
     by_pointer.emplace(block, &e);
-    in_flight.reserve(in_flight.size() + 1);
+    reserve_one_more(in_flight);
   } catch (...) {
     if (ready.value != 0) give_event_locked(ready);
     if (host_done.value != 0) give_event_locked(host_done);
@@ -196,7 +196,7 @@ void eviction_engine::impl::reap_in_flight_locked() {
 
 void eviction_engine::impl::detach_d2h_copy_locked(event_ref done, std::size_t bytes) noexcept {
   try {
-    detached_d2h.reserve(detached_d2h.size() + 1);
+    reserve_one_more(detached_d2h);
     if (done.value == 0) {
       const event_ref marker = take_event_locked();
       try {

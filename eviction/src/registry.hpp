@@ -145,6 +145,9 @@ struct node_entry {
   stream_ref stream;                      // the stream of its first registered output
   bool visiting = false;                  // on the current rematerialisation path
   bool removed = false;                   // remove_node: no new outputs; retires with its last
+  // The dropped output (a class member) that holds this node's cost in its class, or null
+  // (engine_neighbourhood.cpp): the node's dropped outputs are one class and count it once.
+  buffer_entry* cost_holder = nullptr;
 };
 
 // Slot arena with generation-checked ids.
