@@ -230,6 +230,26 @@ TEST_CASE("a storage the program holds is never evicted") {
   CHECK(at::allclose(x.grad(), x.detach().exp().cos() * x.detach().exp()));
 }
 
+TEST_CASE("a small saved output does not keep its own graph alive") {
+  // Under min_bytes a saved tensor is kept as it is. A saved output comes to the pack hook with
+  // its grad_fn: kept undetached, the node would hold itself through it and never be freed.
+  enable_libtorch_hooks();
+  activation_options o;
+  o.min_bytes = std::size_t{1} << 30;
+  auto manager = activation_manager::make(o);
+  at::Tensor x = at::randn({16}).requires_grad_();
+  at::Tensor y, z;
+  {
+    activation_scope scope(manager);
+    y = x.exp();  // exp saves its output
+    z = y.sum();
+  }
+  c10::weak_intrusive_ptr<c10::TensorImpl> output(y.getIntrusivePtr());
+  y.reset();
+  z.reset();
+  CHECK(output.expired());
+}
+
 TEST_CASE("a segment that saves different sizes the second time fails clearly") {
   enable_libtorch_hooks();
   auto manager = activation_manager::make(evict_all(activation_mode::drop));

@@ -11,7 +11,9 @@ Run by ctest with spillway's build tree on PYTHONPATH (tests/CMakeLists.txt).
 
 import contextlib
 import copy
+import gc
 import unittest
+import weakref
 
 import torch
 
@@ -427,12 +429,29 @@ class CheckpointRecompute(unittest.TestCase):
         self.assertIsNone(spillway.saved_activations._current_manager())
 
     def test_managers_exited_out_of_order_leave_the_other_current(self):
+        top = torch._C._autograd._top_saved_tensors_default_hooks
         a, b = spillway.activations(), spillway.activations()
         a.__enter__()
         b.__enter__()
         a.__exit__(None, None, None)  # out of order, as an ExitStack misused could
         self.assertIs(spillway.saved_activations._current_manager(), b)
+        # torch's hooks are b's: a's came off, b's stayed on (an exit pops torch's top)
+        self.assertEqual(top(False)[0], b.pack)
         b.__exit__(None, None, None)
+        self.assertIsNone(spillway.saved_activations._current_manager())
+        self.assertIsNone(top(False))
+
+        # Hooks of someone else's entered after a manager: its exit refuses, and changes nothing.
+        a.__enter__()
+        other = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+        other.__enter__()
+        with self.assertRaisesRegex(RuntimeError, "exit those first"):
+            a.__exit__(None, None, None)
+        self.assertEqual(top(False)[0], other.pack_hook)
+        self.assertIs(spillway.saved_activations._current_manager(), a)
+        other.__exit__()
+        a.__exit__(None, None, None)
+        self.assertIsNone(top(False))
         self.assertIsNone(spillway.saved_activations._current_manager())
         with a:  # and a manager entered twice, nested, is current until its inner exit
             with a:
@@ -523,6 +542,18 @@ class Spill(unittest.TestCase):
 
 
 class Ownership(unittest.TestCase):
+    def test_a_small_saved_output_does_not_keep_its_graph_alive(self):
+        # Under min_bytes a saved tensor is kept as it is. A saved output comes to the pack hook
+        # with its grad_fn: kept undetached, the graph would hold itself through it.
+        x = torch.randn(16, requires_grad=True)
+        with spillway.activations(min_bytes=1 << 30):
+            y = x.exp()  # exp saves its output
+            z = y.sum()
+        output = weakref.ref(y)
+        del y, z
+        gc.collect()
+        self.assertIsNone(output())
+
     def test_a_storage_the_program_holds_is_never_evicted(self):
         x = torch.randn(128, 128, requires_grad=True)
         with spillway.activations(max_resident=0, mode="spill", min_bytes=0) as acts:

@@ -118,7 +118,9 @@ class spillway_saved_hooks final : public torch::autograd::SavedVariableHooks {
       return;
     }
     handle_ = manager_->pack(tensor);
-    if (!handle_) kept_ = tensor;  // small: saved as it is
+    // Small: kept as it is, detached (a saved output comes with its grad_fn: the node would hold
+    // itself through it, and never be freed).
+    if (!handle_) kept_ = tensor.detach();
   }
 
   at::Tensor call_unpack_hook() override { return handle_ ? manager_->unpack(*handle_) : kept_; }

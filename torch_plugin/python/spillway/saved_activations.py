@@ -141,6 +141,36 @@ def _size_argument(name, value):
         raise ValueError(f"spillway.activations: {name} {value!r} is invalid: {e}") from None
 
 
+def _take_hooks_off(stack, at):
+    """Takes stack[at]'s saved-tensor hooks off torch's stack of them, and the entry off `stack`.
+
+    torch's hooks are a stack whose exit pops the top, whoever pushed it. A manager exited before
+    managers entered after it (not with `with`, which nests) takes their hooks off first and puts
+    them back after its own, so every manager still entered keeps its hooks on. Hooks that are
+    not a spillway manager's above its own (saved_tensors_hooks entered after it and still on)
+    are refused with an error, and nothing changes."""
+    top = torch._C._autograd._top_saved_tensors_default_hooks
+    taken = []
+    try:
+        for i in range(len(stack) - 1, at - 1, -1):
+            hooks = stack[i][1]
+            current = top(False)
+            if current is None or current[0] != hooks.pack_hook:
+                raise RuntimeError(
+                    "spillway.activations: exited while saved-tensor hooks entered after it are "
+                    f"still on (the top of torch's stack is {current!r}, not this manager's): "
+                    "exit those first")
+            hooks.__exit__(None, None, None)
+            taken.append(hooks)
+    except BaseException:
+        for hooks in reversed(taken):
+            hooks.__enter__()
+        raise
+    del stack[at]
+    for hooks in reversed(taken[:-1]):  # the managers entered after it, outermost first
+        hooks.__enter__()
+
+
 class ActivationManager:
     """The saved activations of one `activations()` block (see the module docstring)."""
 
@@ -181,7 +211,9 @@ class ActivationManager:
 
     def pack(self, tensor):
         handle = self._m.pack(tensor)
-        return tensor if handle is None else handle
+        # Kept as it is, detached: a saved output comes to the hook with its grad_fn, and the
+        # graph would hold itself through the tensor (a reference cycle no collector can see).
+        return tensor.detach() if handle is None else handle
 
     def unpack(self, handle):
         return handle if isinstance(handle, torch.Tensor) else self._m.unpack(handle)
@@ -200,9 +232,8 @@ class ActivationManager:
         # This manager's innermost entry, wherever it is: managers exited out of order leave the
         # others' entries in place.
         at = max(i for i, (m, _) in enumerate(stack) if m is self)
-        _, hooks = stack.pop(at)
         try:
-            hooks.__exit__(*exc)
+            _take_hooks_off(stack, at)
         finally:
             self._m.end_scope()  # what the last packs could not evict yet; the last segment goes
         return False
