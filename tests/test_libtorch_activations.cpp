@@ -22,6 +22,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "libtorch_activation_options.hpp"
@@ -248,6 +249,44 @@ TEST_CASE("a small saved output does not keep its own graph alive") {
   y.reset();
   z.reset();
   CHECK(output.expired());
+}
+
+TEST_CASE("a save on another thread inside a segment's run is not the segment's") {
+  // Segments are per thread: while this thread runs a segment, a tensor saved by another thread
+  // in the same manager's scope must not be listed in it (its replay would refill the segment's
+  // saves from the wrong positions) nor take it as lineage.
+  enable_libtorch_hooks();
+  const auto run = [](const std::shared_ptr<activation_manager>& manager) {
+    at::manual_seed(7);
+    at::Tensor x = at::randn({256}).requires_grad_();
+    at::Tensor other_loss;
+    const auto body = [&](const std::vector<at::Tensor>& in) {
+      if (manager && !other_loss.defined()) {  // the first run only, not the replay
+        std::thread([&] {
+          activation_scope scope(manager);
+          at::Tensor a = at::randn({256}).requires_grad_();
+          other_loss = a.exp().sum();  // saves exp's output, of the size of the segment's saves
+        }).join();
+      }
+      return in[0].sin().exp();  // saves in[0], then exp's output
+    };
+    at::Tensor loss;
+    if (manager) {
+      activation_scope scope(manager);
+      loss = checkpoint(body, {x * 2}).sum();
+    } else {
+      loss = body({x * 2}).sum();
+    }
+    if (manager) manager->evict(std::size_t{1} << 30);  // every entry it may drop
+    loss.backward();
+    if (other_loss.defined()) other_loss.backward();
+    return x.grad().clone();
+  };
+  const at::Tensor expected = run(nullptr);
+  auto manager = activation_manager::make(evict_all(activation_mode::drop));
+  const at::Tensor got = run(manager);
+  CHECK(at::equal(expected, got));
+  CHECK(manager->stats().recomputes > 0);
 }
 
 TEST_CASE("a segment that saves different sizes the second time fails clearly") {

@@ -268,6 +268,40 @@ class CheckpointRecompute(unittest.TestCase):
         state["acts"] = None
         self.assertTrue(torch.equal(w.grad, reference))
 
+    def test_a_checkpoint_inside_a_replay_opens_no_segment(self):
+        # A replay records what its segment saves; a checkpoint nested in the segment is a plain
+        # call there (a segment the replay opened would hold its inputs as entries for nothing).
+        def inner(t):
+            return t.sin().exp()
+
+        def outer(t):  # cos saves what sin made of inner's output: outer's replay runs inner
+            return spillway.checkpoint(inner, t.cos()).sin().cos()
+
+        w0 = torch.randn(256)
+        w = w0.clone().requires_grad_()
+        outer(w * 2).sum().backward()
+        reference, w = w.grad, w0.clone().requires_grad_()
+        begun = []
+        with spillway.activations(mode="drop", min_bytes=0) as acts:
+            real = acts._m
+
+            class Counting:  # counts the segments the manager is asked to open
+                def __getattr__(self, name):
+                    return getattr(real, name)
+
+                def begin_segment(self, *args):
+                    begun.append(1)
+                    return real.begin_segment(*args)
+
+            acts._m = Counting()
+            loss = spillway.checkpoint(outer, w * 2).sum()
+            self.assertEqual(len(begun), 2)  # outer and inner
+            acts.evict(1 << 30)
+            loss.backward()  # CPU: on this thread, inside the manager's scope
+        self.assertGreater(acts.stats()["recomputes"], 0)
+        self.assertEqual(len(begun), 2)  # the replays opened none
+        self.assertTrue(torch.equal(w.grad, reference))
+
     def test_a_stop_inside_torchscript_or_caught_by_the_segment_is_a_stop(self):
         # TorchScript's interpreter rethrows the stop as a RuntimeError; a segment's own
         # `except Exception` around an op may catch what reaches it. Either way the replay gives

@@ -196,14 +196,21 @@ void activation_manager::forget(entry& e) {
 
 // --- pack and unpack -------------------------------------------------------------------------------
 
+activation_manager::thread_segments* activation_manager::this_thread_segments() {
+  auto it = segments_by_thread_.find(std::this_thread::get_id());
+  return it == segments_by_thread_.end() ? nullptr : &it->second;
+}
+
 void activation_manager::note_saved(entry* e) {
-  // Every open segment lists everything saved while it ran (nested segments included): a replay
-  // saves the same tensors in the same order. Room first (grown geometrically): the lists grow
-  // all or none.
-  for (auto& s : open_segments_) {
+  // Every segment open on this thread lists everything saved while it ran (nested segments
+  // included): a replay saves the same tensors in the same order. Room first (grown
+  // geometrically): the lists grow all or none.
+  thread_segments* t = this_thread_segments();
+  if (t == nullptr) return;
+  for (auto& s : t->open) {
     if (s->saved.size() == s->saved.capacity()) s->saved.reserve(2 * s->saved.size() + 16);
   }
-  for (auto& s : open_segments_) {
+  for (auto& s : t->open) {
     if (e == nullptr) {
       s->saved.emplace_back(std::nullopt);
     } else {
@@ -216,10 +223,12 @@ std::shared_ptr<activation_manager::saved> activation_manager::pack(const at::Te
   return hold(tensor, /*saved_by_autograd=*/true);
 }
 
-// The segment that ended last, if `tensor` is one of its outputs, unchanged since: its replay
-// returns that storage again.
+// The segment that ended last on this thread, if `tensor` is one of its outputs, unchanged since:
+// its replay returns that storage again.
 std::shared_ptr<activation_manager::segment> activation_manager::producer_of(const at::Tensor& tensor) {
-  const std::shared_ptr<segment>& last = last_ended_;
+  const thread_segments* t = this_thread_segments();
+  if (t == nullptr) return nullptr;
+  const std::shared_ptr<segment>& last = t->last_ended;
   if (!last || !last->replayable) return nullptr;
   for (const auto& [weak, version] : last->outputs) {
     if (weak && weak->lock().get() == tensor.storage().unsafeGetStorageImpl()) {
@@ -229,17 +238,32 @@ std::shared_ptr<activation_manager::segment> activation_manager::producer_of(con
   return nullptr;
 }
 
-// The segment that ended last is kept for producer_of only while one of its outputs may still
-// be registered: none is, once each is gone or has its entry. Then it goes (unless entries hold
-// it), and with it the chain of boundaries its inputs hold.
+// The segment that ended last on a thread is kept for producer_of only while one of its outputs
+// may still be registered: none is, once each is gone or has its entry. Then it goes (unless
+// entries hold it), and with it the chain of boundaries its inputs hold. Every thread's is looked
+// at: a handle released on one thread may settle another's.
 void activation_manager::settle_last_ended() {
-  if (!last_ended_) return;
-  for (const auto& output : last_ended_->outputs) {
+  // Let go after the walk: a segment that goes may release handles, which come back here.
+  std::vector<std::shared_ptr<segment>> done;
+  try {
+    done.reserve(segments_by_thread_.size());
+  } catch (...) {
+    return;  // out of host memory: a later call settles them
+  }
+  for (auto it = segments_by_thread_.begin(); it != segments_by_thread_.end();) {
+    thread_segments& t = it->second;
+    if (t.last_ended && settled(*t.last_ended)) done.push_back(std::move(t.last_ended));
+    it = t.open.empty() && !t.last_ended ? segments_by_thread_.erase(it) : std::next(it);
+  }
+}
+
+bool activation_manager::settled(const segment& s) const {
+  for (const auto& output : s.outputs) {
     if (!output.first) continue;
     c10::intrusive_ptr<c10::StorageImpl> storage = output.first->lock();
-    if (storage && entries_.count(storage.get()) == 0) return;
+    if (storage && entries_.count(storage.get()) == 0) return false;
   }
-  last_ended_.reset();
+  return true;
 }
 
 // pack, and a segment's input (begin_segment): the same entry per storage. Only autograd's saves
@@ -273,8 +297,9 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
     fresh->device = storage.device();
     fresh->last_use = now_seconds();
     fresh->version = tensor.unsafeGetTensorImpl()->version_counter();
-    if (saved_by_autograd && !open_segments_.empty()) {
-      fresh->lineage = open_segments_.back();
+    const thread_segments* t = this_thread_segments();
+    if (saved_by_autograd && t != nullptr && !t->open.empty()) {
+      fresh->lineage = t->open.back();
     } else {
       fresh->lineage = producer_of(tensor);
     }
@@ -390,7 +415,10 @@ void activation_manager::end_scope() {
   {
     std::lock_guard lock(mutex_);
     enforce_max_resident();
-    last = std::move(last_ended_);
+    if (auto it = segments_by_thread_.find(std::this_thread::get_id()); it != segments_by_thread_.end()) {
+      last = std::move(it->second.last_ended);
+      if (it->second.open.empty()) segments_by_thread_.erase(it);
+    }
   }
   // Released outside the lock: may forget entries, which takes it again.
 }

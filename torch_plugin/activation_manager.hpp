@@ -112,6 +112,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -266,6 +267,7 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   bool droppable(const entry& e) const;  // its lineage can give its bytes back
   bool inputs_unchanged(const segment& s) const;
   void settle_last_ended();
+  bool settled(const segment& s) const;  // every output of s gone or registered
   std::pair<double, bool> restore_cost(entry& e);  // seconds, true = drop
   double score(entry& e, double now);  // the policy's: the smallest is the best victim
   std::size_t sample_victims(const device_allocator* memory_of, const std::vector<entry*>& tried);
@@ -317,10 +319,18 @@ class activation_manager : public std::enable_shared_from_this<activation_manage
   mutable std::recursive_mutex mutex_;
   std::unordered_map<c10::StorageImpl*, std::unique_ptr<entry>> entries_;
   std::map<std::uint64_t, entry*> spilled_;  // by pack order, for prefetch
-  std::vector<std::shared_ptr<segment>> open_segments_;
-  // The segment that ended last, whose outputs a new entry may be: kept until the next one ends
-  // or the scope does (end_scope), since nothing else may hold it yet.
-  std::shared_ptr<segment> last_ended_;
+  // Segments are per thread: one begins, saves and ends on the thread that runs it, and threads
+  // inside the same manager must not take each other's segments as lineage (a save listed in
+  // another thread's segment would be refilled from the wrong position of its replay). For each
+  // thread, the segments open (innermost last) and the one that ended last, whose outputs a new
+  // entry may be: kept until the next one ends on that thread or its scope does (end_scope),
+  // since nothing else may hold it yet. A thread's record goes when both are empty.
+  struct thread_segments {
+    std::vector<std::shared_ptr<segment>> open;
+    std::shared_ptr<segment> last_ended;
+  };
+  std::unordered_map<std::thread::id, thread_segments> segments_by_thread_;
+  thread_segments* this_thread_segments();  // null if this thread has none
   std::uint64_t next_seq_ = 0;
   // Every resident entry, in no order (entry::resident_at is its index): victims are sampled from
   // it. Its capacity is kept at least entries_.size(), so that adding to it never allocates.

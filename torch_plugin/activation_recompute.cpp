@@ -429,17 +429,18 @@ void activation_manager::begin_segment(segment_replay replay,
     s->start->record(c10::cuda::getCurrentCUDAStream(cuda_devices.front()).unwrap());
   }
   s->cuda_devices = std::move(cuda_devices);
-  open_segments_.push_back(std::move(s));
+  segments_by_thread_[std::this_thread::get_id()].open.push_back(std::move(s));
 }
 
 void activation_manager::end_segment(double host_seconds, const std::vector<at::Tensor>& outputs) {
   std::lock_guard lock(mutex_);
-  if (open_segments_.empty()) {
-    throw invalid_argument("spillway: end_segment without begin_segment");
+  thread_segments* t = this_thread_segments();
+  if (t == nullptr || t->open.empty()) {
+    throw invalid_argument("spillway: end_segment without begin_segment on this thread");
   }
   // Closed first: whatever throws below, no later save takes an open segment for lineage.
-  std::shared_ptr<segment> s = std::move(open_segments_.back());
-  open_segments_.pop_back();
+  std::shared_ptr<segment> s = std::move(t->open.back());
+  t->open.pop_back();
   s->cost_s = host_seconds;
   if (s->start) {
     s->end.emplace(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
@@ -467,8 +468,10 @@ void activation_manager::end_segment(double host_seconds, const std::vector<at::
       s->outputs.emplace_back(std::nullopt, 0);  // no storage, or no version to check it by
     }
   }
-  last_ended_ = std::move(s);
+  std::shared_ptr<segment> previous =
+      std::exchange(segments_by_thread_[std::this_thread::get_id()].last_ended, std::move(s));
   settle_last_ended();  // none of its outputs may be left to register
+  // `previous` goes last, after the walk (releasing it may come back to settle_last_ended).
 }
 
 }  // namespace spillway::torch_plugin

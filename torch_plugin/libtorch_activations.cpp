@@ -184,7 +184,9 @@ activation_manager* activation_scope::current() noexcept {
 at::Tensor checkpoint(const segment_function& fn, const std::vector<at::Tensor>& inputs,
                       const std::vector<at::Tensor>& keep) {
   activation_manager* manager = activation_scope::current();
-  if (manager == nullptr) return fn(inputs);
+  // Outside a scope it is fn; inside a replay too: the replay records what fn saves, and a
+  // segment opened by it would hold its inputs as entries for nothing.
+  if (manager == nullptr || replay_record != nullptr) return fn(inputs);
 
   std::vector<c10::DeviceIndex> cuda_devices;
   for (const at::Tensor& t : inputs) {

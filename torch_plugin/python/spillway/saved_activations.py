@@ -73,6 +73,7 @@ from . import _C
 
 _default_policy = "dtr"
 _active = threading.local()  # .stack: (manager, its hooks) entered on this thread, innermost last
+_replaying = threading.local()  # .depth: segment replays running on this thread
 
 
 def _set_default_policy(name):
@@ -279,6 +280,7 @@ class ActivationManager:
             del resident
             replay_args, replay_kwargs = _pytree.tree_unflatten(leaves, spec)
             del leaves
+            _replaying.depth = getattr(_replaying, "depth", 0) + 1  # checkpoint() inside runs fn
             try:
                 with _running_stats_kept(_batch_norms(fn)), _autocast_as(autocast), \
                         torch.autograd.graph.saved_tensors_hooks(record, unpack), \
@@ -289,6 +291,8 @@ class ActivationManager:
             except BaseException:
                 if not stop:
                     raise
+            finally:
+                _replaying.depth -= 1
             if stop:  # nothing is recorded after the stop
                 return recorded, [], True
             return recorded, out, False  # the outputs without the replay's graph
@@ -356,7 +360,9 @@ def checkpoint(fn, *args, **kwargs):
     a bound method of one; others' statistics are updated again by a replay).
     Inside spillway.activations() it uses that manager; outside, it behaves like fn."""
     manager = _current_manager()
-    if manager is None:
+    # Inside a replay it is fn too: the replay records what fn saves, and a segment opened by it
+    # would hold its inputs as entries for nothing.
+    if manager is None or getattr(_replaying, "depth", 0):
         return fn(*args, **kwargs)
     return manager.run_segment(fn, args, kwargs)
 
