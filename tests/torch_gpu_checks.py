@@ -126,6 +126,32 @@ def case_identical(tmp):
     """)
     ok = rc == 0 and all(torch_equal(a, b) for a, b in zip(load(ref), load(got)))
     results["mlp, prefetches evicted"] = {"passed": ok, "stderr": e[-2000:] if not ok else ""}
+    # An activation made and saved on a side stream, spilled from the default stream while the
+    # side stream's work is still queued: the copy out waits for the stream it was saved on
+    # (before, only for the evicting thread's, and could read the block before it was written).
+    rc, _, e = run("""
+        import spillway; spillway.install()
+        side = torch.cuda.Stream()
+        a = torch.randn(4096, 4096, device="cuda") / 64
+        a.requires_grad_()
+        torch.cuda.synchronize()
+        with spillway.activations(mode="spill", min_bytes=0) as acts:
+            with torch.cuda.stream(side):
+                h = a
+                for _ in range(16):
+                    h = torch.tanh(h @ a)  # work queued on `side`, tens of milliseconds of it
+                y = h.sin()                 # sin saves h, made on `side`
+                expected = h.detach().clone()
+            del h
+            freed, _ = acts.evict(1 << 50)  # from the default stream, `side` still busy
+            assert freed > 0 and acts.stats()["spills"] > 0, acts.stats()
+        torch.cuda.synchronize()
+        got = y.grad_fn._saved_self  # unpacked: copied back
+        torch.cuda.synchronize()
+        assert torch.equal(got, expected), "the spill read h before it was written"
+    """)
+    results["saved on a side stream, spilled from another"] = {"passed": rc == 0,
+                                                               "stderr": e[-2000:] if rc else ""}
     return all(r["passed"] for r in results.values()), results
 
 

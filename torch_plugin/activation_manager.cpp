@@ -297,6 +297,9 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
     fresh->device = storage.device();
     fresh->last_use = now_seconds();
     fresh->version = tensor.unsafeGetTensorImpl()->version_counter();
+    if (fresh->device.is_cuda()) {
+      fresh->saved_on = c10::cuda::getCurrentCUDAStream(fresh->device.index()).unwrap();
+    }
     const thread_segments* t = this_thread_segments();
     if (saved_by_autograd && t != nullptr && !t->open.empty()) {
       fresh->lineage = t->open.back();

@@ -113,6 +113,10 @@ struct activation_manager::entry {
   // another than its readers'): a reader on another stream is recorded on the block (its free
   // then waits for that reader's work too).
   std::optional<c10::Stream> allocated_on;
+  // CUDA: the stream current when it was saved or registered, which made its bytes (a side
+  // stream's op, saved there): a spill's copy out waits for it as well as for the evicting
+  // thread's stream, or it could read the block before they are written.
+  std::optional<c10::Stream> saved_on;
   bool prefetched = false;  // restored ahead of its unpack, not unpacked since
   // The allocator its memory came from when it was last evicted (the pressure source's; nullptr:
   // none, or not spillway's memory): where a prefetch asks for room.

@@ -331,6 +331,9 @@ void activation_manager::recompute(segment& s, bool nested, std::vector<at::Tens
     e->storage.set_nbytes(e->nbytes);
     e->state = entry_state::resident;
     e->last_use = detail::now_seconds();  // made now, as a copy back's is: not the stalest victim
+    // Its bytes were made on this thread's stream (the replay's, or the refill's copy): a spill
+    // waits for it.
+    if (e->device.is_cuda()) e->saved_on = c10::cuda::getCurrentCUDAStream(e->device.index()).unwrap();
     became_resident(*e);
     ++e->pins;
     refilled.push_back(e);

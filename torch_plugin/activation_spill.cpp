@@ -163,7 +163,11 @@ void activation_manager::copy_out(entry& e, at::Tensor host) {
   room_for_copy(device);
   auto d2h = copy_streams(device).first;
   if (e.copy) d2h.unwrap().wait(*e.copy);  // restored ahead, its copy back may still run
-  c10::Event ready = wait_for(d2h, c10::cuda::getCurrentCUDAStream(device));
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
+  if (e.saved_on && *e.saved_on != current.unwrap()) {  // its bytes were made there
+    (void)wait_for(d2h, c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, *e.saved_on));
+  }
+  c10::Event ready = wait_for(d2h, current);
   c10::Event start = timing_event(d2h);
   {
     c10::cuda::CUDAStreamGuard guard(d2h);
