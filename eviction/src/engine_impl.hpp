@@ -28,6 +28,14 @@
 
 namespace spillway::eviction {
 
+// The thrashing bound's out_of_memory (check_thrashing_locked). It is not a failed allocation:
+// the handlers that let their pins go and try again on out_of_memory (Note [Recompute plans hold
+// their outputs], pin_together) let it through, so that the bound holds at once.
+class thrashing : public out_of_memory {
+ public:
+  using out_of_memory::out_of_memory;
+};
+
 // Makes room for one more element, so that the push_back after it cannot throw; grows
 // geometrically (reserve(size() + 1) allocates exactly that much: every push would copy them all).
 template <class T>

@@ -80,6 +80,9 @@ void eviction_engine::impl::pin_together_locked(std::span<buffer_entry* const> e
         pin_locked(*order[pinned]);
       }
       return;
+    } catch (const thrashing&) {
+      release();
+      throw;  // not for want of room: trying again would only run past the bound
     } catch (const out_of_memory&) {
       const auto failed = static_cast<std::ptrdiff_t>(pinned);
       release();

@@ -133,6 +133,8 @@ void eviction_engine::impl::rematerialise_locked(node_entry& top, std::size_t de
     if (needed) {
       try {
         recompute_locked(n, depth);
+      } catch (const thrashing&) {
+        throw;  // not for want of room: trying again would only run past the bound
       } catch (const out_of_memory&) {
         // The outputs held for later nodes are what keeps this one from fitting: let them be
         // evicted (a later node that finds one dropped rematerialises it again), and try once
@@ -223,7 +225,7 @@ void eviction_engine::impl::check_thrashing_locked(const node_entry& n) const {
                 "or raise max_recompute_factor",
                 d.device, call_recomputes, call_recompute_ns / 1e6, n.desc.name.c_str(), factor,
                 lineage_nodes, lineage_cost_ns / 1e6, budget, d.reserved, d.allocated);
-  throw out_of_memory(what, d);
+  throw thrashing(what, d);
 }
 
 void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
