@@ -9,8 +9,9 @@
 //
 // It proves: the request is served by moving A2 into a hole of B, nothing evicted, A counted as
 // emptied (buffers registered a little smaller than their blocks);
-// the moved buffer is intact, behind work still queued on its stream when it moved and behind
-// another stream that used its old block; with compaction off the same request evicts; pinned
+// the moved buffer is intact, behind work still queued on its stream when it moved; a buffer
+// another stream used is not moved (its old block's free would wait for that stream: the other
+// segment is emptied instead); with compaction off the same request evicts; pinned
 // buffers and allocations the engine does not own are never moved (the other segment is emptied
 // instead); a segment whose buffers do not all find a hole elsewhere is not touched (all or none)
 // and eviction serves the request; a buffer moved into the other pool is known to be there; the
@@ -194,26 +195,33 @@ TEST_CASE("compaction moves all of a segment's buffers or none") {
   t.check_allocator();
 }
 
-TEST_CASE("compaction: the copy waits for another stream that used the buffer") {
+TEST_CASE("compaction never moves a buffer another stream used: the other segment is emptied") {
+  // A2's old block could not be given back before the other stream's work is done (its free
+  // waits for it): A would not be empty when the round ends. B's two buffers move instead.
   two_segments t({.streams = 1});
   const stream_ref other = t.env.stream(0);
   const auto golden = t.g.at(t.a2()).golden;
   {
     // A2's own stream zeroes it; a long kernel on the other stream, ordered behind that, writes
-    // its bytes back. A copy that did not wait for the other stream would move the zeros.
+    // its bytes back.
     pinned_buffer own = t.env.eng().pin(t.a2());
     pinned_buffer use = t.env.eng().pin(t.a2(), other);
     void* at = use.get();
     t.env.sim->launch({}, 100, [at] { std::memset(at, 0, k_buffer); });
     t.env.sim->launch(other, 1'000'000, [at, golden] { std::memcpy(at, golden->data(), k_buffer); });
   }
-  void* const old_block = t.where(t.a2());
+  void* const a2_block = t.where(t.a2());
   void* p = t.env.alloc->allocate(12 * MiB);
-  CHECK(t.env.eng().stats().moves == 1);
-  CHECK(t.env.eng().stats().evictions == 0);
-  CHECK(t.where(t.a2()) != old_block);
+  const eviction::engine_stats s = t.env.eng().stats();
+  CHECK(s.moves == 2);
+  CHECK(s.segments_emptied == 1);
+  CHECK(s.evictions == 0);
+  CHECK(t.where(t.a2()) == a2_block);
+  CHECK(t.env.alloc->describe(t.where(t.b[1])).segment_base == t.env.alloc->describe(a2_block).segment_base);
   t.env.sim->launch({}, 100, [p] { std::memset(p, 0xA5, 12 * MiB); });
   t.env.alloc->deallocate(p);
+  // The other stream's write is the program's to wait for before it reads A2 on its own stream.
+  t.env.sim->synchronize_stream(other);
   t.expect_kept();
   CHECK(t.env.log.checks() == 3);
   t.check_allocator();
@@ -239,14 +247,12 @@ TEST_CASE("compaction: a move keeps the buffer's place in the LRU order") {
 }
 
 TEST_CASE("compaction never moves a buffer into a segment it has just emptied") {
-  // Three segments under 60 MiB: A keeps A2, used on another stream (its old block's free waits
-  // on that stream after the move); B keeps B1 and B3; C keeps four. A 30 MiB request is 30 MiB
-  // over the budget: emptying A (into a hole of B) is not enough, and B's buffers must not go
-  // into A's free space, which A's pending free keeps from being one block: A would not be
-  // empty any more. With no other hole for them, eviction serves the rest.
+  // Three segments under 60 MiB: A keeps A2; B keeps B1 and B3; C keeps four. A 30 MiB request
+  // is 30 MiB over the budget: emptying A (into a hole of B) is not enough, and B's buffers must
+  // not go into A's free space: A would not be empty any more. With no other hole for them,
+  // eviction serves the rest.
   engine_options o;
   o.budget = 60 * MiB;
-  o.streams = 1;
   o.engine.policy = "lru";
   engine_env env(o);
   lineage_graph g(env);
@@ -258,11 +264,6 @@ TEST_CASE("compaction never moves a buffer into a segment it has just emptied") 
   for (int i : {0, 1, 3, 4}) env.eng().forget(a[static_cast<std::size_t>(i)]);
   for (int i : {0, 2, 4}) env.eng().forget(b[static_cast<std::size_t>(i)]);
   env.eng().forget(c[4]);
-  const stream_ref other = env.stream(0);
-  {
-    pinned_buffer use = env.eng().pin(a[2], other);
-    g.check_kernel(a[2], use.get(), other, "A2 on the other stream", 1'000'000);
-  }
   const auto base_of = [&](buffer_id id) { return env.alloc->describe(env.eng().pin(id).get()).segment_base; };
   void* const seg_a = base_of(a[2]);
 

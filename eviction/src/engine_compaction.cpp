@@ -10,9 +10,10 @@
 // blocks too. The emptied segments are then given back by the allocator, and the request is
 // reserved in their place.
 //
-// Stream order: the copy runs on the buffer's stream, after the streams that used it; the old
-// block is freed behind it, so its reuse on that stream is ordered after the copy, and on another
-// stream it is not reused before those streams' events (Note [Cross-stream frees]).
+// Stream order: the copy runs on the buffer's stream; the old block is freed behind it, so its
+// reuse on that stream is ordered after the copy, and on another stream it is not reused before
+// that stream's event (Note [Cross-stream frees]). A buffer used on other streams too is not
+// moved: its old block's free would wait for their work, and its segment would not be empty.
 #include <algorithm>
 
 #include "engine_impl.hpp"
@@ -83,7 +84,7 @@ std::size_t eviction_engine::impl::compact_for_locked(const eviction_request& re
 }
 
 // Whether every live block of s is a buffer the engine may move now (a candidate: resident,
-// unpinned, evictable); they go to `out`.
+// unpinned, evictable, used on its own stream only); they go to `out`.
 bool eviction_engine::impl::movable_locked(const segment_usage& s,
                                            std::vector<buffer_entry*>& out) const {
   out.clear();
@@ -93,7 +94,11 @@ bool eviction_engine::impl::movable_locked(const segment_usage& s,
     const auto it = by_pointer.find(p);
     if (it == by_pointer.end()) return false;  // not the engine's: a parameter, an output...
     buffer_entry& e = *it->second;
-    if (!candidates.contains(e) || e.ready.value != 0 || e.stream != s.stream) return false;
+    // Used on another stream too: its old block's free would wait for that stream's work, so
+    // the segment would not be empty when the round ends (the allocator would wait for it).
+    if (!candidates.contains(e) || e.ready.value != 0 || e.stream != s.stream || !e.use_streams.empty()) {
+      return false;
+    }
     out.push_back(&e);
     return true;
   });
@@ -104,7 +109,7 @@ bool eviction_engine::impl::movable_locked(const segment_usage& s,
 // false, with e where it was and target given back, if the copy cannot be queued.
 bool eviction_engine::impl::move_locked(buffer_entry& e, void* target) {
   try {
-    for (stream_ref s : e.use_streams) order_after_locked(e.stream, s);  // their work on e first
+    // On e's stream, behind its work; no other stream uses it (movable_locked).
     backend.copy_async(target, e.device_ptr, e.size, copy_kind::device_to_device, e.stream);
     by_pointer.emplace(target, &e);
   } catch (const std::exception&) {
@@ -119,7 +124,6 @@ bool eviction_engine::impl::move_locked(buffer_entry& e, void* target) {
   by_pointer.erase(e.device_ptr);
   allocator.deallocate(e.device_ptr);  // reused in stream order behind the copy
   e.device_ptr = target;
-  e.use_streams.clear();
   note_block_locked(e);
   // Its record names the old block's segment. Updated in place: a move is not a use, so the
   // buffer keeps its place in the LRU order and in the cost order (its costs did not change).
