@@ -391,7 +391,8 @@ std::unique_ptr<scenario> evict_forget_layout() {
 }
 
 // A 1 MiB source whose spill is in flight (the sim's clock is manual: its copy waits for the next
-// run), forgotten. Another source's spill cost shows the d2h queue: back to what it was.
+// run), forgotten. Another source's spill cost shows the d2h queue: back to what it was once the
+// copy, which still holds the copy engine, has completed (or at once, if no event could mark it).
 std::unique_ptr<scenario> forget_spilling_layout() {
   auto s = std::make_unique<scenario>(engine_options{});
   const buffer_id a = s->g.source(1 * MiB);
@@ -403,8 +404,9 @@ std::unique_ptr<scenario> forget_spilling_layout() {
   REQUIRE(s->env.eng().describe_candidate(b)->cost_ns > spill_cost);
   s->operation = [a](scenario& t) { t.g.forget(a); };
   s->check = [b, spill_cost](scenario& t) {
-    CHECK(t.env.eng().describe_candidate(b)->cost_ns == spill_cost);
+    t.env.sim->run_until_idle();
     CHECK(t.env.eng().state(b) == buffer_state::resident);  // a reap with a in no list
+    CHECK(t.env.eng().describe_candidate(b)->cost_ns == spill_cost);
   };
   return s;
 }
@@ -426,7 +428,9 @@ std::unique_ptr<scenario> sibling_spilling_layout() {
     const buffer_state s1 = t.env.eng().state(ys[1]);  // a reap, with y1 where it should be
     CHECK((s1 == buffer_state::resident || s1 == buffer_state::spilling ||
            s1 == buffer_state::spilled));
-    if (s1 == buffer_state::resident) {  // rebuilt: nothing is queued on the d2h stream
+    if (s1 == buffer_state::resident) {  // rebuilt: once its spill's copy is done, none is queued
+      t.env.sim->run_until_idle();
+      (void)t.env.eng().state(ys[1]);  // reaps it
       CHECK(t.env.eng().describe_candidate(x)->cost_ns == spill_cost);
     }
   };
