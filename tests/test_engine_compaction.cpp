@@ -10,8 +10,9 @@
 // It proves: the request is served by moving A2 into a hole of B, nothing evicted, A counted as
 // emptied (buffers registered a little smaller than their blocks);
 // the moved buffer is intact, behind work still queued on its stream when it moved; a buffer
-// another stream used is not moved (its old block's free would wait for that stream: the other
-// segment is emptied instead); with compaction off the same request evicts; pinned
+// another stream used is moved only as a last resort (its old block's free waits for that
+// stream: a segment without one is emptied first), and then behind that stream; with compaction
+// off the same request evicts; pinned
 // buffers and allocations the engine does not own are never moved (the other segment is emptied
 // instead); a segment whose buffers do not all find a hole elsewhere is not touched (all or none)
 // and eviction serves the request; a buffer moved into the other pool is known to be there; the
@@ -195,7 +196,7 @@ TEST_CASE("compaction moves all of a segment's buffers or none") {
   t.check_allocator();
 }
 
-TEST_CASE("compaction never moves a buffer another stream used: the other segment is emptied") {
+TEST_CASE("compaction empties a segment no other stream used first: B, not A") {
   // A2's old block could not be given back before the other stream's work is done (its free
   // waits for it): A would not be empty when the round ends. B's two buffers move instead.
   two_segments t({.streams = 1});
@@ -222,6 +223,35 @@ TEST_CASE("compaction never moves a buffer another stream used: the other segmen
   t.env.alloc->deallocate(p);
   // The other stream's write is the program's to wait for before it reads A2 on its own stream.
   t.env.sim->synchronize_stream(other);
+  t.expect_kept();
+  CHECK(t.env.log.checks() == 3);
+  t.check_allocator();
+}
+
+TEST_CASE("compaction: as a last resort a buffer another stream used moves, after that stream") {
+  // B cannot be emptied (B1 pinned): A is, though A2 was used on another stream. The copy waits
+  // for that stream: a long kernel there writes A2's bytes back after its own stream zeroed them,
+  // and a copy that did not wait for it would move the zeros.
+  two_segments t({.streams = 1});
+  const stream_ref other = t.env.stream(0);
+  const auto golden = t.g.at(t.a2()).golden;
+  {
+    pinned_buffer own = t.env.eng().pin(t.a2());
+    pinned_buffer use = t.env.eng().pin(t.a2(), other);
+    void* at = use.get();
+    t.env.sim->launch({}, 100, [at] { std::memset(at, 0, k_buffer); });
+    t.env.sim->launch(other, 1'000'000, [at, golden] { std::memcpy(at, golden->data(), k_buffer); });
+  }
+  pinned_buffer hold = t.env.eng().pin(t.b[1]);
+  void* const old_block = t.where(t.a2());
+  void* p = t.env.alloc->allocate(12 * MiB);
+  CHECK(t.env.eng().stats().moves == 1);
+  CHECK(t.env.eng().stats().segments_emptied == 1);
+  CHECK(t.env.eng().stats().evictions == 0);
+  CHECK(t.where(t.a2()) != old_block);
+  t.env.sim->launch({}, 100, [p] { std::memset(p, 0xA5, 12 * MiB); });
+  t.env.alloc->deallocate(p);
+  hold.reset();
   t.expect_kept();
   CHECK(t.env.log.checks() == 3);
   t.check_allocator();

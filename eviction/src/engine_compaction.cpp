@@ -10,10 +10,10 @@
 // blocks too. The emptied segments are then given back by the allocator, and the request is
 // reserved in their place.
 //
-// Stream order: the copy runs on the buffer's stream; the old block is freed behind it, so its
-// reuse on that stream is ordered after the copy, and on another stream it is not reused before
-// that stream's event (Note [Cross-stream frees]). A buffer used on other streams too is not
-// moved: its old block's free would wait for their work, and its segment would not be empty.
+// Stream order: the copy runs on the buffer's stream, after the streams that used it; the old
+// block is freed behind it, so its reuse on that stream is ordered after the copy, and on another
+// stream it is not reused before those streams' events (Note [Cross-stream frees]). Segments with
+// a buffer other streams used are emptied last (compact_for_locked).
 #include <algorithm>
 
 #include "engine_impl.hpp"
@@ -41,39 +41,50 @@ std::size_t eviction_engine::impl::compact_for_locked(const eviction_request& re
       return a.base < b.base;
     });
     std::vector<buffer_entry*> movers;
-    for (const segment_usage& s : segments) {
-      if (emptied >= request.shortfall) break;
-      if (!movable_locked(s, movers)) continue;
-      // Every buffer needs a hole outside the segment before anything is copied: a segment
-      // emptied in part gives nothing back. Largest first, the ones hardest to place.
-      std::sort(movers.begin(), movers.end(), [](const buffer_entry* a, const buffer_entry* b) {
-        return a->size != b->size ? a->size > b->size : a->device_ptr < b->device_ptr;
-      });
-      targets.reserve(movers.size());
-      for (const buffer_entry* e : movers) {
-        void* t = allocator.allocate_cached(e->size, e->stream, s.base);
-        if (t == nullptr) break;
-        targets.push_back(t);
-      }
-      if (targets.size() < movers.size()) {
-        for (void* t : targets) allocator.deallocate(t);
+    // Two passes: first the segments whose buffers only their own stream used; then, for what is
+    // still short, those with a buffer another stream used too (its old block's free waits for
+    // that stream's work, which the allocator may have to wait for before the segment is free:
+    // a host wait, still cheaper than an eviction, but only as a last resort). A segment emptied
+    // in the first pass has no live block left, so the second finds nothing to move in it.
+    bool copy_failed = false;  // a move that could not be queued ends compaction
+    for (int pass = 0; pass < 2 && emptied < request.shortfall && !copy_failed; ++pass) {
+      for (const segment_usage& s : segments) {
+        if (emptied >= request.shortfall) break;
+        if (!movable_locked(s, /*other_streams=*/pass == 1, movers)) continue;
+        // Every buffer needs a hole outside the segment before anything is copied: a segment
+        // emptied in part gives nothing back. Largest first, the ones hardest to place.
+        std::sort(movers.begin(), movers.end(), [](const buffer_entry* a, const buffer_entry* b) {
+          return a->size != b->size ? a->size > b->size : a->device_ptr < b->device_ptr;
+        });
+        targets.reserve(movers.size());
+        for (const buffer_entry* e : movers) {
+          void* t = allocator.allocate_cached(e->size, e->stream, s.base);
+          if (t == nullptr) break;
+          targets.push_back(t);
+        }
+        if (targets.size() < movers.size()) {
+          for (void* t : targets) allocator.deallocate(t);
+          targets.clear();
+          continue;
+        }
+        // In order; a move that cannot be queued (a copy fault) leaves the segment in use: the
+        // holes taken for the rest are given back, and the moves already made stay (harmless).
+        std::size_t moved = 0;
+        for (; moved < movers.size(); ++moved) {
+          void* t = targets[moved];
+          targets[moved] = nullptr;
+          if (!move_locked(*movers[moved], t)) break;
+          result.freed += movers[moved]->size;
+        }
+        for (void* t : targets) allocator.deallocate(t);  // nullptr: handed over, nothing to do
         targets.clear();
-        continue;
+        if (moved < movers.size()) {
+          copy_failed = true;
+          break;
+        }
+        emptied += s.size;  // every live block of it moved: it is free as a whole
+        ++stats.segments_emptied;
       }
-      // In order; a move that cannot be queued (a copy fault) leaves the segment in use: the
-      // holes taken for the rest are given back, and the moves already made stay (harmless).
-      std::size_t moved = 0;
-      for (; moved < movers.size(); ++moved) {
-        void* t = targets[moved];
-        targets[moved] = nullptr;
-        if (!move_locked(*movers[moved], t)) break;
-        result.freed += movers[moved]->size;
-      }
-      for (void* t : targets) allocator.deallocate(t);  // nullptr: handed over, nothing to do
-      targets.clear();
-      if (moved < movers.size()) break;
-      emptied += s.size;  // every live block of it moved: it is free as a whole
-      ++stats.segments_emptied;
     }
   } catch (const std::exception&) {
     // Out of host memory for the lists or a block record: what is done stays done, the holes
@@ -84,8 +95,8 @@ std::size_t eviction_engine::impl::compact_for_locked(const eviction_request& re
 }
 
 // Whether every live block of s is a buffer the engine may move now (a candidate: resident,
-// unpinned, evictable, used on its own stream only); they go to `out`.
-bool eviction_engine::impl::movable_locked(const segment_usage& s,
+// unpinned, evictable, and, unless other_streams, used on its own stream only); they go to `out`.
+bool eviction_engine::impl::movable_locked(const segment_usage& s, bool other_streams,
                                            std::vector<buffer_entry*>& out) const {
   out.clear();
   // Stops at the first block that may not move (often the first: a parameter at the segment's
@@ -94,11 +105,8 @@ bool eviction_engine::impl::movable_locked(const segment_usage& s,
     const auto it = by_pointer.find(p);
     if (it == by_pointer.end()) return false;  // not the engine's: a parameter, an output...
     buffer_entry& e = *it->second;
-    // Used on another stream too: its old block's free would wait for that stream's work, so
-    // the segment would not be empty when the round ends (the allocator would wait for it).
-    if (!candidates.contains(e) || e.ready.value != 0 || e.stream != s.stream || !e.use_streams.empty()) {
-      return false;
-    }
+    if (!candidates.contains(e) || e.ready.value != 0 || e.stream != s.stream) return false;
+    if (!other_streams && !e.use_streams.empty()) return false;  // see compact_for_locked
     out.push_back(&e);
     return true;
   });
@@ -109,7 +117,7 @@ bool eviction_engine::impl::movable_locked(const segment_usage& s,
 // false, with e where it was and target given back, if the copy cannot be queued.
 bool eviction_engine::impl::move_locked(buffer_entry& e, void* target) {
   try {
-    // On e's stream, behind its work; no other stream uses it (movable_locked).
+    for (stream_ref s : e.use_streams) order_after_locked(e.stream, s);  // their work on e first
     backend.copy_async(target, e.device_ptr, e.size, copy_kind::device_to_device, e.stream);
     by_pointer.emplace(target, &e);
   } catch (const std::exception&) {
@@ -124,6 +132,7 @@ bool eviction_engine::impl::move_locked(buffer_entry& e, void* target) {
   by_pointer.erase(e.device_ptr);
   allocator.deallocate(e.device_ptr);  // reused in stream order behind the copy
   e.device_ptr = target;
+  e.use_streams.clear();
   note_block_locked(e);
   // Its record names the old block's segment. Updated in place: a move is not a use, so the
   // buffer keeps its place in the LRU order and in the cost order (its costs did not change).

@@ -202,7 +202,8 @@ struct eviction_engine::impl {
   // Note [Compaction]: empties fixed segments by moving their buffers, before any eviction; returns
   // the bytes of the segments it emptied and adds the bytes moved to result.freed.
   std::size_t compact_for_locked(const eviction_request& request, pressure_result& result);
-  bool movable_locked(const segment_usage& s, std::vector<detail::buffer_entry*>& out) const;
+  bool movable_locked(const segment_usage& s, bool other_streams,
+                      std::vector<detail::buffer_entry*>& out) const;
   bool move_locked(detail::buffer_entry& e, void* target);
 
   // --- engine_pressure.cpp -------------------------------------------------------------------------
