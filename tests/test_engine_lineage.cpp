@@ -25,6 +25,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine_fixture.hpp"
@@ -240,6 +241,70 @@ struct failing_ordering final : forwarding_backend {
 };
 
 }  // namespace
+
+namespace {
+
+// The sim, with the engine's event queries answered "not yet" while `hide` is set.
+struct late_events final : forwarding_backend {
+  using forwarding_backend::forwarding_backend;
+  bool hide = false;
+  bool event_completed(event_ref e) override {
+    return !hide && forwarding_backend::event_completed(e);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a sibling being restored is not evicted while its node is recomputed") {
+  // n = f(s) makes X and O. O is restored ahead (its copy back done, not yet seen), X dropped;
+  // pinning X recomputes n. X's block needs room: the first pressure round frees a ballast
+  // block (a handler of the test's, after the engine's) and lets the events be seen; in the
+  // second the engine's reap finds O resident. It must not become a victim there: its sibling is
+  // being made, and the plan would pin it while evicted. With nothing else to evict, pin fails.
+  std::shared_ptr<late_events> events;
+  engine_options o;
+  o.budget = 2 * MiB;  // one small-pool segment
+  o.backend = [&events](std::shared_ptr<sim_device> sim) {
+    events = std::make_shared<late_events>(std::move(sim));
+    return events;
+  };
+  engine_env env(o);
+  lineage_graph g(env);
+  const buffer_id s = g.source(512 * KiB);
+  const std::vector<buffer_id> xo = g.node({s}, {512 * KiB, 768 * KiB});
+  const buffer_id x = xo[0], out = xo[1];
+  void* ballast = env.alloc->allocate(256 * KiB);
+  env.sim->run_until_idle();
+  drop(env.eng(), x);
+  void* in_x_place = env.alloc->allocate(512 * KiB);  // not the engine's: never evicted
+  REQUIRE(env.eng().evict(out, eviction_mode::spill));
+  env.sim->run_until_idle();
+  REQUIRE(env.eng().state(out) == buffer_state::spilled);
+  env.eng().prefetch(out);
+  env.sim->run_until_idle();  // its copy back is done; the engine has not looked
+  events->hide = true;
+  env.alloc->add_pressure_handler([&](const pressure_request&) {
+    pressure_result r;
+    if (ballast != nullptr) {
+      events->hide = false;
+      env.alloc->deallocate(std::exchange(ballast, nullptr));
+      r.freed = 256 * KiB;
+    }
+    return r;
+  });
+  const auto evictions = env.eng().stats().evictions;
+  CHECK_THROWS_AS((void)env.eng().pin(x), out_of_memory);
+  CHECK(ballast == nullptr);  // the second round came
+  CHECK(env.eng().stats().evictions == evictions);
+  CHECK(env.eng().state(out) == buffer_state::resident);
+  CHECK(env.eng().stats().pinned_bytes == 0);
+  env.alloc->deallocate(in_x_place);
+  env.alloc->set_budget(8 * MiB);  // room for X and O's scratch now
+  g.expect(x);
+  g.expect(out);
+  env.sim->run_until_idle();
+  env.check_clean();
+}
 
 TEST_CASE("a recomputed output on another stream is ordered after the node, or stays evicted") {
   std::shared_ptr<failing_ordering> faults;

@@ -448,22 +448,30 @@ void eviction_engine::unpin(buffer_id id) {
 }
 
 void eviction_engine::impl::pin_locked(buffer_entry& e) {
+  hold_locked(e);
+  e.last_access_ns = now();
+}
+
+void eviction_engine::impl::hold_locked(buffer_entry& e) noexcept {
   if (e.pins++ == 0) {
     stats.pinned_bytes += e.size;
     if (candidates.contains(e)) candidates.erase(e);
   }
-  e.last_access_ns = now();
 }
 
-void eviction_engine::impl::unpin_locked(buffer_entry& e) noexcept {
+void eviction_engine::impl::release_hold_locked(buffer_entry& e) noexcept {
   if (--e.pins > 0) return;
   stats.pinned_bytes -= e.size;
-  e.last_access_ns = now();
   try {
     update_candidacy_locked(e);
   } catch (...) {
     // Out of memory for the candidate vector: the buffer simply stays resident.
   }
+}
+
+void eviction_engine::impl::unpin_locked(buffer_entry& e) noexcept {
+  if (e.pins == 1) e.last_access_ns = now();  // its last pin: a use, up to now
+  release_hold_locked(e);
 }
 
 // e has a new block (restored, recomputed or moved): which segment holds it, whether the block is

@@ -137,6 +137,9 @@ struct eviction_engine::impl {
   void pin_locked(detail::buffer_entry& e);
   void note_access_locked(std::span<detail::buffer_entry* const> entries);
   void unpin_locked(detail::buffer_entry& e) noexcept;
+  // A pin that is not a use (last_access_ns unchanged): the engine keeping e resident for a while.
+  void hold_locked(detail::buffer_entry& e) noexcept;
+  void release_hold_locked(detail::buffer_entry& e) noexcept;
   void update_candidacy_locked(detail::buffer_entry& e);
   // e's block is the one `info` describes (at registration; note_block_locked asks the allocator).
   static void note_block(detail::buffer_entry& e, const allocation_info& info) noexcept;

@@ -277,6 +277,24 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
     }
   } scratch_guard{allocator, scratch};
   std::vector<buffer_entry*> fresh(n.outputs.size(), nullptr);
+  // Outputs resident or being restored are held like pins (without counting as a use) until the
+  // call ends: an allocation below may call the pressure handler back, and a restoring one its
+  // reap makes resident would be a candidate again, evicted while its siblings are made.
+  struct hold_outputs {
+    impl& m;
+    std::vector<buffer_entry*> list;
+    ~hold_outputs() {
+      for (buffer_entry* e : list) m.release_hold_locked(*e);
+    }
+  } held_outputs{*this, {}};
+  held_outputs.list.reserve(n.outputs.size());
+  for (buffer_entry* out : n.outputs) {  // all of them before the first allocation
+    if (out != nullptr &&
+        (out->state == buffer_state::resident || out->state == buffer_state::restoring)) {
+      hold_locked(*out);
+      held_outputs.list.push_back(out);
+    }
+  }
   // On failure before the node's work is queued: the fresh blocks go back (and out of by_pointer,
   // where step 3 may have entered them), the outputs are candidates again as they were.
   const auto give_back = [&] {
@@ -292,11 +310,9 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
   try {
     for (std::size_t k = 0; k < n.outputs.size(); ++k) {
       buffer_entry* out = n.outputs[k];
+      // Held above (a held output stays resident or restoring: nothing evicts it meanwhile).
       const bool resident = out != nullptr && (out->state == buffer_state::resident ||
                                                out->state == buffer_state::restoring);
-      if (out != nullptr && out->pins == 0 && resident && candidates.contains(*out)) {
-        candidates.erase(*out);  // not evictable while its siblings are being made
-      }
       reserve_one_more(scratch);
       void* p = allocate_locked(out != nullptr ? out->size : n.output_sizes[k], n.stream);
       output_ptrs[k] = p;
