@@ -306,6 +306,33 @@ TEST_CASE("a sibling being restored is not evicted while its node is recomputed"
   env.check_clean();
 }
 
+TEST_CASE("a candidate is described by the stream of its block's pool, where evicting it frees a range") {
+  // The node runs on a; its second output lives on b. Registered from b's allocation, its block
+  // is in b's pool; recomputed, in a's (the node's stream), used on b: a request on a is what
+  // evicting it serves then, not one on b.
+  engine_options o;
+  o.streams = 1;
+  o.engine.allow_spill = false;
+  engine_env env(o);
+  lineage_graph g(env);
+  const stream_ref a{}, b = env.stream(0);
+  const buffer_id x = g.source(64 * KiB, a);
+  const std::vector<buffer_id> ys = g.node({x}, {64 * KiB, 32 * KiB}, a, 1000, {}, {a, b});
+  env.sim->run_until_idle();
+  const auto described_stream = [&](buffer_id id) {
+    const std::optional<eviction::candidate_info> c = env.eng().describe_candidate(id);
+    REQUIRE(c.has_value());
+    return c->stream;
+  };
+  CHECK(described_stream(ys[1]) == b);
+  drop(env.eng(), ys[1]);
+  g.expect(ys[1]);
+  env.sim->run_until_idle();
+  CHECK(env.alloc->describe(env.eng().pin(ys[1]).get()).stream == a);
+  CHECK(described_stream(ys[1]) == a);
+  env.check_clean();
+}
+
 TEST_CASE("a recomputed output on another stream is ordered after the node, or stays evicted") {
   std::shared_ptr<failing_ordering> faults;
   engine_options o;

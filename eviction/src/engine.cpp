@@ -480,6 +480,7 @@ void eviction_engine::impl::unpin_locked(buffer_entry& e) noexcept {
 // in the other pool).
 void eviction_engine::impl::note_block(buffer_entry& e, const allocation_info& info) noexcept {
   e.small_pool = info.size <= size_classes::small_size;
+  e.block_stream = info.stream;
   e.segment_size = info.segment_size;
   e.whole_segment = info.size == info.segment_size;
 }
@@ -488,6 +489,7 @@ void eviction_engine::impl::note_block_locked(buffer_entry& e) noexcept {
   try {
     note_block(e, allocator.describe(e.device_ptr));
   } catch (...) {  // cannot happen: the block is live
+    e.block_stream = e.stream;
     e.segment_size = 0;
     e.whole_segment = false;
   }
@@ -514,7 +516,7 @@ detail::candidate_record eviction_engine::impl::make_record_locked(buffer_entry&
   r.last_access_ns = e.last_access_ns;
   r.recompute_ns = static_cast<float>(e.producer != nullptr ? e.producer->desc.cost_ns : 0);
   r.neighbourhood_ns = static_cast<float>(charged_neighbourhood_locked(e));
-  r.stream = e.stream;
+  r.stream = e.block_stream;  // the pool its eviction frees a range in
   r.segment_size = e.segment_size;
   r.whole_segment = e.whole_segment;
   e.next_read = access.next_read(e.access_key, e.size);

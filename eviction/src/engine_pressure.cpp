@@ -240,7 +240,7 @@ pressure_result eviction_engine::impl::evict_for_locked(const eviction_request& 
     buffer_entry* victim = choice ? buffers.find(choice->value) : nullptr;
     if (victim == nullptr || !candidates.contains(*victim)) break;
 
-    const bool serves_request = request.bytes > 0 && victim->stream == request.stream &&
+    const bool serves_request = request.bytes > 0 && victim->block_stream == request.stream &&
                                 victim->small_pool == request.small_pool;
     const std::size_t contiguous =
         serves_request ? allocator.coalesced_size_if_freed(victim->device_ptr) : 0;

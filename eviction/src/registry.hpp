@@ -72,6 +72,10 @@ struct buffer_entry {
   void* host_ptr = nullptr;        // spilling / spilled
   std::size_t size = 0;
   stream_ref stream;
+  // The stream its current block was allocated on, whose pool holds it (note_block): the
+  // buffer's own stream, unless it was registered from another stream's allocation or recomputed
+  // on its node's stream. A victim frees a range for a request of that stream and pool.
+  stream_ref block_stream;
   std::vector<stream_ref> use_streams;  // other streams that use the current block (pin(id, use))
   bool small_pool = false;
   std::size_t segment_size = 0;     // resident: the segment that holds its block

@@ -48,7 +48,7 @@ namespace spillway::eviction {
 struct candidate_info {
   buffer_id id;
   std::size_t size = 0;
-  stream_ref stream;
+  stream_ref stream;               // the stream of the pool its block is in (where it frees a range)
   bool small_pool = false;
   double staleness_ns = 0;         // time since its last pin or registration (>= 1)
   // Predicted time until it is next needed (eviction_engine::begin_step): its next pin, or, if
