@@ -256,11 +256,12 @@ struct late_events final : forwarding_backend {
 }  // namespace
 
 TEST_CASE("a sibling being restored is not evicted while its node is recomputed") {
-  // n = f(s) makes X and O. O is restored ahead (its copy back done, not yet seen), X dropped;
-  // pinning X recomputes n. X's block needs room: the first pressure round frees a ballast
-  // block (a handler of the test's, after the engine's) and lets the events be seen; in the
-  // second the engine's reap finds O resident. It must not become a victim there: its sibling is
-  // being made, and the plan would pin it while evicted. With nothing else to evict, pin fails.
+  // n = f(s) makes O and X. O is restored ahead (its copy back done, not yet seen), X dropped;
+  // pinning X recomputes n: O, first, gets a scratch block, then X's block needs room. The first
+  // pressure round frees a ballast block (a handler of the test's, after the engine's) and lets
+  // the events be seen; in the second the engine's reap finds O resident. It must not become a
+  // victim there: its turn is past (its scratch taken), and a plan would pin it while evicted.
+  // With nothing else to evict, pin fails.
   std::shared_ptr<late_events> events;
   engine_options o;
   o.budget = 2 * MiB;  // one small-pool segment
@@ -271,8 +272,8 @@ TEST_CASE("a sibling being restored is not evicted while its node is recomputed"
   engine_env env(o);
   lineage_graph g(env);
   const buffer_id s = g.source(512 * KiB);
-  const std::vector<buffer_id> xo = g.node({s}, {512 * KiB, 768 * KiB});
-  const buffer_id x = xo[0], out = xo[1];
+  const std::vector<buffer_id> ox = g.node({s}, {768 * KiB, 512 * KiB});
+  const buffer_id out = ox[0], x = ox[1];
   void* ballast = env.alloc->allocate(256 * KiB);
   env.sim->run_until_idle();
   drop(env.eng(), x);

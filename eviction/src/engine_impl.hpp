@@ -28,9 +28,9 @@
 
 namespace spillway::eviction {
 
-// The thrashing bound's out_of_memory (check_thrashing_locked). It is not a failed allocation:
-// the handlers that let their pins go and try again on out_of_memory (Note [Recompute plans hold
-// their outputs], pin_together) let it through, so that the bound holds at once.
+// The thrashing bound's out_of_memory (check_thrashing_locked). A recompute plan that lets its
+// held outputs go to try a node again on out_of_memory (Note [Recompute plans hold their
+// outputs]) lets this one through: the same node would be refused again.
 class thrashing : public out_of_memory {
  public:
   using out_of_memory::out_of_memory;

@@ -80,10 +80,9 @@ void eviction_engine::impl::pin_together_locked(std::span<buffer_entry* const> e
         pin_locked(*order[pinned]);
       }
       return;
-    } catch (const thrashing&) {
-      release();
-      throw;  // not for want of room: trying again would only run past the bound
     } catch (const out_of_memory&) {
+      // The thrashing bound's too: another order may still finish under it (every node a retry
+      // runs is checked against it).
       const auto failed = static_cast<std::ptrdiff_t>(pinned);
       release();
       if (retried || failed == 0) throw;

@@ -134,7 +134,7 @@ void eviction_engine::impl::rematerialise_locked(node_entry& top, std::size_t de
       try {
         recompute_locked(n, depth);
       } catch (const thrashing&) {
-        throw;  // not for want of room: trying again would only run past the bound
+        throw;  // not for want of room: the same node, the same count, the same refusal
       } catch (const out_of_memory&) {
         // The outputs held for later nodes are what keeps this one from fitting: let them be
         // evicted (a later node that finds one dropped rematerialises it again), and try once
@@ -277,9 +277,12 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
     }
   } scratch_guard{allocator, scratch};
   std::vector<buffer_entry*> fresh(n.outputs.size(), nullptr);
-  // Outputs resident or being restored are held like pins (without counting as a use) until the
-  // call ends: an allocation below may call the pressure handler back, and a restoring one its
-  // reap makes resident would be a candidate again, evicted while its siblings are made.
+  // An output found resident or being restored gets a scratch block, and is held like a pin
+  // (without counting as a use) from then until the call ends: a later output's allocation may
+  // call the pressure handler back, and a restoring one its reap makes resident would be a
+  // candidate again, evicted while its sibling is made (and the plan would pin it evicted).
+  // Before its turn it may be evicted like any candidate: it is then made fresh, which costs
+  // nothing more (the node writes every output) and needs no scratch.
   struct hold_outputs {
     impl& m;
     std::vector<buffer_entry*> list;
@@ -288,13 +291,6 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
     }
   } held_outputs{*this, {}};
   held_outputs.list.reserve(n.outputs.size());
-  for (buffer_entry* out : n.outputs) {  // all of them before the first allocation
-    if (out != nullptr &&
-        (out->state == buffer_state::resident || out->state == buffer_state::restoring)) {
-      hold_locked(*out);
-      held_outputs.list.push_back(out);
-    }
-  }
   // On failure before the node's work is queued: the fresh blocks go back (and out of by_pointer,
   // where step 3 may have entered them), the outputs are candidates again as they were.
   const auto give_back = [&] {
@@ -310,9 +306,12 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
   try {
     for (std::size_t k = 0; k < n.outputs.size(); ++k) {
       buffer_entry* out = n.outputs[k];
-      // Held above (a held output stays resident or restoring: nothing evicts it meanwhile).
       const bool resident = out != nullptr && (out->state == buffer_state::resident ||
                                                out->state == buffer_state::restoring);
+      if (resident) {
+        hold_locked(*out);  // reserved: cannot throw
+        held_outputs.list.push_back(out);
+      }
       reserve_one_more(scratch);
       void* p = allocate_locked(out != nullptr ? out->size : n.output_sizes[k], n.stream);
       output_ptrs[k] = p;
