@@ -68,6 +68,18 @@ struct two_segments {
     return o;
   }
   buffer_id a2() const { return a[2]; }
+  // A2 used on the other stream (env.stream(0)): its own stream zeroes it, then a long kernel
+  // there, ordered behind that, writes its bytes back. Returns that stream.
+  stream_ref use_a2_on_other_stream() {
+    const stream_ref other = env.stream(0);
+    const auto golden = g.at(a2()).golden;
+    pinned_buffer own = env.eng().pin(a2());
+    pinned_buffer use = env.eng().pin(a2(), other);
+    void* at = use.get();
+    env.sim->launch({}, 100, [at] { std::memset(at, 0, k_buffer); });
+    env.sim->launch(other, 1'000'000, [at, golden] { std::memcpy(at, golden->data(), k_buffer); });
+    return other;
+  }
   std::vector<buffer_id> kept() const { return {a[2], b[1], b[3]}; }
   void* where(buffer_id id) { return env.eng().pin(id).get(); }
   void check_allocator() const {
@@ -200,17 +212,7 @@ TEST_CASE("compaction empties a segment no other stream used first: B, not A") {
   // A2's old block could not be given back before the other stream's work is done (its free
   // waits for it): A would not be empty when the round ends. B's two buffers move instead.
   two_segments t({.streams = 1});
-  const stream_ref other = t.env.stream(0);
-  const auto golden = t.g.at(t.a2()).golden;
-  {
-    // A2's own stream zeroes it; a long kernel on the other stream, ordered behind that, writes
-    // its bytes back.
-    pinned_buffer own = t.env.eng().pin(t.a2());
-    pinned_buffer use = t.env.eng().pin(t.a2(), other);
-    void* at = use.get();
-    t.env.sim->launch({}, 100, [at] { std::memset(at, 0, k_buffer); });
-    t.env.sim->launch(other, 1'000'000, [at, golden] { std::memcpy(at, golden->data(), k_buffer); });
-  }
+  const stream_ref other = t.use_a2_on_other_stream();
   void* const a2_block = t.where(t.a2());
   void* p = t.env.alloc->allocate(12 * MiB);
   const eviction::engine_stats s = t.env.eng().stats();
@@ -233,15 +235,7 @@ TEST_CASE("compaction: as a last resort a buffer another stream used moves, afte
   // for that stream: a long kernel there writes A2's bytes back after its own stream zeroed them,
   // and a copy that did not wait for it would move the zeros.
   two_segments t({.streams = 1});
-  const stream_ref other = t.env.stream(0);
-  const auto golden = t.g.at(t.a2()).golden;
-  {
-    pinned_buffer own = t.env.eng().pin(t.a2());
-    pinned_buffer use = t.env.eng().pin(t.a2(), other);
-    void* at = use.get();
-    t.env.sim->launch({}, 100, [at] { std::memset(at, 0, k_buffer); });
-    t.env.sim->launch(other, 1'000'000, [at, golden] { std::memcpy(at, golden->data(), k_buffer); });
-  }
+  (void)t.use_a2_on_other_stream();
   pinned_buffer hold = t.env.eng().pin(t.b[1]);
   void* const old_block = t.where(t.a2());
   void* p = t.env.alloc->allocate(12 * MiB);
