@@ -471,8 +471,7 @@ void activation_manager::end_segment(double host_seconds, const std::vector<at::
       s->outputs.emplace_back(std::nullopt, 0);  // no storage, or no version to check it by
     }
   }
-  std::shared_ptr<segment> previous =
-      std::exchange(segments_by_thread_[std::this_thread::get_id()].last_ended, std::move(s));
+  std::shared_ptr<segment> previous = std::exchange(t->last_ended, std::move(s));
   settle_last_ended();  // none of its outputs may be left to register
   // `previous` goes last, after the walk (releasing it may come back to settle_last_ended).
 }

@@ -51,39 +51,15 @@ std::size_t eviction_engine::impl::compact_for_locked(const eviction_request& re
       for (const segment_usage& s : segments) {
         if (emptied >= request.shortfall) break;
         if (!movable_locked(s, /*other_streams=*/pass == 1, movers)) continue;
-        // Every buffer needs a hole outside the segment before anything is copied: a segment
-        // emptied in part gives nothing back. Largest first, the ones hardest to place.
-        std::sort(movers.begin(), movers.end(), [](const buffer_entry* a, const buffer_entry* b) {
-          return a->size != b->size ? a->size > b->size : a->device_ptr < b->device_ptr;
-        });
-        targets.reserve(movers.size());
-        for (const buffer_entry* e : movers) {
-          void* t = allocator.allocate_cached(e->size, e->stream, s.base);
-          if (t == nullptr) break;
-          targets.push_back(t);
-        }
-        if (targets.size() < movers.size()) {
-          for (void* t : targets) allocator.deallocate(t);
-          targets.clear();
-          continue;
-        }
-        // In order; a move that cannot be queued (a copy fault) leaves the segment in use: the
-        // holes taken for the rest are given back, and the moves already made stay (harmless).
-        std::size_t moved = 0;
-        for (; moved < movers.size(); ++moved) {
-          void* t = targets[moved];
-          targets[moved] = nullptr;
-          if (!move_locked(*movers[moved], t)) break;
-          result.freed += movers[moved]->size;
-        }
-        for (void* t : targets) allocator.deallocate(t);  // nullptr: handed over, nothing to do
-        targets.clear();
-        if (moved < movers.size()) {
+        const segment_move outcome = empty_segment_locked(s, movers, targets, result);
+        if (outcome == segment_move::copy_failed) {
           copy_failed = true;
           break;
         }
-        emptied += s.size;  // every live block of it moved: it is free as a whole
-        ++stats.segments_emptied;
+        if (outcome == segment_move::emptied) {
+          emptied += s.size;  // every live block of it moved: it is free as a whole
+          ++stats.segments_emptied;
+        }
       }
     }
   } catch (const std::exception&) {
@@ -92,6 +68,42 @@ std::size_t eviction_engine::impl::compact_for_locked(const eviction_request& re
     for (void* t : targets) allocator.deallocate(t);
   }
   return emptied;
+}
+
+// Moves `movers`, every live block of s, into holes of other segments: all or none. Every buffer
+// needs a hole outside the segment before anything is copied, since a segment emptied in part
+// gives nothing back. `targets` holds the holes taken and not yet handed over (the caller's, so
+// that they go back should host memory run out).
+eviction_engine::impl::segment_move eviction_engine::impl::empty_segment_locked(
+    const segment_usage& s, std::vector<buffer_entry*>& movers, std::vector<void*>& targets,
+    pressure_result& result) {
+  // Largest first, the ones hardest to place.
+  std::sort(movers.begin(), movers.end(), [](const buffer_entry* a, const buffer_entry* b) {
+    return a->size != b->size ? a->size > b->size : a->device_ptr < b->device_ptr;
+  });
+  targets.reserve(movers.size());
+  for (const buffer_entry* e : movers) {
+    void* t = allocator.allocate_cached(e->size, e->stream, s.base);
+    if (t == nullptr) break;
+    targets.push_back(t);
+  }
+  if (targets.size() < movers.size()) {
+    for (void* t : targets) allocator.deallocate(t);
+    targets.clear();
+    return segment_move::no_room;
+  }
+  // In order; a move that cannot be queued (a copy fault) leaves the segment in use: the holes
+  // taken for the rest are given back, and the moves already made stay (harmless).
+  std::size_t moved = 0;
+  for (; moved < movers.size(); ++moved) {
+    void* t = targets[moved];
+    targets[moved] = nullptr;
+    if (!move_locked(*movers[moved], t)) break;
+    result.freed += movers[moved]->size;
+  }
+  for (void* t : targets) allocator.deallocate(t);  // nullptr: handed over, nothing to do
+  targets.clear();
+  return moved < movers.size() ? segment_move::copy_failed : segment_move::emptied;
 }
 
 // Whether every live block of s is a buffer the engine may move now (a candidate: resident,

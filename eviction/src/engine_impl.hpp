@@ -207,6 +207,9 @@ struct eviction_engine::impl {
   std::size_t compact_for_locked(const eviction_request& request, pressure_result& result);
   bool movable_locked(const segment_usage& s, bool other_streams,
                       std::vector<detail::buffer_entry*>& out) const;
+  enum class segment_move { emptied, no_room, copy_failed };
+  segment_move empty_segment_locked(const segment_usage& s, std::vector<detail::buffer_entry*>& movers,
+                                    std::vector<void*>& targets, pressure_result& result);
   bool move_locked(detail::buffer_entry& e, void* target);
 
   // --- engine_pressure.cpp -------------------------------------------------------------------------

@@ -9,11 +9,12 @@
 // member, with their edge counts. A class's cost counts each node once, however many of its
 // outputs are members: the dropped outputs of a node are adjacent, so they are always in one
 // class, and one of them holds the node's cost (node_entry::cost_holder, with member_cost_ns; the
-// others hold 0; when it comes back, a dropped sibling takes the cost over). Every buffer that is not dropped keeps
-// neighbourhood_ns, the sum of the costs of the distinct classes next to it, and a candidate's
-// record keeps what dropping it would add beyond its own cost (charged_neighbourhood_locked:
-// without its producer's cost, when a dropped sibling's class already counts it), so that a
-// decision reads one number instead of walking producers, consumers and classes.
+// others hold 0; when it comes back, a dropped sibling takes the cost over). Every buffer that is
+// not dropped keeps neighbourhood_ns, the sum of the costs of the distinct classes next to it,
+// and a candidate's record keeps what dropping it would add beyond its own cost
+// (charged_neighbourhood_locked: without its producer's cost, when a dropped sibling's class
+// already counts it), so that a decision reads one number instead of walking producers,
+// consumers and classes.
 //
 // Upkeep, each step proportional to what it touches, never to the number of buffers:
 //   drop t         t leaves the boundaries it was on; the classes next to it merge with it (the
@@ -301,9 +302,9 @@ void eviction_engine::impl::join_class_locked(buffer_entry& t) {
       next.push_back(m.cls);
     }
   });
-  // Its producer's cost, unless a dropped sibling's class (one of `next`) counts it already.
-  const double own =
-      t.producer != nullptr && cost_holding_sibling(t) == nullptr ? t.producer->desc.cost_ns : 0;
+  // Its producer's cost, unless a dropped sibling's class (one of `next`) holds it already.
+  const bool holds_cost = t.producer != nullptr && t.producer->cost_holder == nullptr;
+  const double own = holds_cost ? t.producer->desc.cost_ns : 0;
   double cost = own;
   std::size_t members = 1;
   std::uint32_t next_read = t.next_read;
@@ -356,7 +357,7 @@ void eviction_engine::impl::join_class_locked(buffer_entry& t) {
   t.cls = into;
   t.member_index = static_cast<std::uint32_t>(into->members.size());
   t.member_cost_ns = own;
-  if (t.producer != nullptr && t.producer->cost_holder == nullptr) t.producer->cost_holder = &t;
+  if (holds_cost) t.producer->cost_holder = &t;
   into->members.push_back(&t);
   into->cost_ns = cost;
   into->next_read = next_read;
@@ -412,11 +413,12 @@ void eviction_engine::impl::leave_class_locked(buffer_entry& t) {
   // c without t is still connected when t had one dropped neighbour, or when all of them are
   // outputs of t's producer (adjacent to each other: a path through t goes round it). So a node's
   // outputs brought back one by one never split their class.
-  const bool siblings_only =
-      t.producer != nullptr && std::all_of(ends.begin(), ends.end(), [&](const buffer_entry* m) {
-        return m->producer == t.producer;
-      });
-  if (ends.size() <= 1 || siblings_only) {
+  const auto siblings_only = [&] {
+    return t.producer != nullptr && std::all_of(ends.begin(), ends.end(), [&](const buffer_entry* m) {
+             return m->producer == t.producer;
+           });
+  };
+  if (ends.size() <= 1 || siblings_only()) {
     if (held_earliest(*c, t)) c->next_read = earliest_next_read(*c);
     for_each_neighbour(t, [&](buffer_entry& u) {
       if (u.cls != nullptr) return;

@@ -309,8 +309,8 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
       const bool resident = out != nullptr && (out->state == buffer_state::resident ||
                                                out->state == buffer_state::restoring);
       if (resident) {
-        hold_locked(*out);  // reserved: cannot throw
-        held_outputs.list.push_back(out);
+        hold_locked(*out);
+        held_outputs.list.push_back(out);  // reserved: cannot throw
       }
       reserve_one_more(scratch);
       void* p = allocate_locked(out != nullptr ? out->size : n.output_sizes[k], n.stream);

@@ -1,4 +1,15 @@
-import json,sys
+#!/usr/bin/env python3
+"""Compares two run.sh outputs (concatenated spillway-evict-sim --json documents), run by run.
+
+    compare.py BEFORE.jsonl AFTER.jsonl
+
+A run is keyed by trace, warm-up steps, policy, mode and budget ratio; it prints the runs that
+differ (status, overhead, drops), the counts of runs that fit in each, and the geometric mean of
+the time ratio over the runs that fit in both."""
+import json
+import math
+import sys
+
 def load(p):
     txt=open(p).read(); dec=json.JSONDecoder(); i=0; out={}
     while True:
@@ -27,7 +38,6 @@ for k,x,y in rows:
     print(k, f(x), '->', f(y))
 oka=sum(1 for v in a.values() if v[0]=='ok'); okb=sum(1 for v in b.values() if v[0]=='ok')
 print("runs", len(a), "ok before", oka, "ok after", okb)
-import math
 both=[(a[k][1],b[k][1]) for k in a if k in b and a[k][0]=='ok' and b[k][0]=='ok']
 g=math.exp(sum(math.log((1+y)/(1+x)) for x,y in both)/len(both))
 print("ok in both", len(both), "geometric mean of time after / before %.4f" % g)

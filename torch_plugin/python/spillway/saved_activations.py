@@ -233,10 +233,8 @@ class ActivationManager:
         # This manager's innermost entry, wherever it is: managers exited out of order leave the
         # others' entries in place.
         at = max(i for i, (m, _) in enumerate(stack) if m is self)
-        try:
-            _take_hooks_off(stack, at)
-        finally:
-            self._m.end_scope()  # what the last packs could not evict yet; the last segment goes
+        _take_hooks_off(stack, at)  # refused: still entered, nothing changed
+        self._m.end_scope()  # what the last packs could not evict yet; the last segment goes
         return False
 
     # --- checkpoint segments ------------------------------------------------------------------
