@@ -334,6 +334,14 @@ TEST_CASE("bad options name the value") {
   for (const auto& [name, value] : totals.fields()) CHECK(name != "spill_bytes_per_s");
   auto m = activation_manager::make({});
   CHECK_THROWS_AS(m->end_segment(0), spillway::invalid_argument);
+  // A segment is its thread's: another thread cannot end it, and its own still can.
+  m->begin_segment([](const std::vector<at::Tensor>&, std::optional<std::size_t>) { return segment_run{}; },
+                   {}, {});
+  std::thread([&] {
+    CHECK_THROWS_WITH_AS(m->end_segment(0), doctest::Contains("on this thread"),
+                         spillway::invalid_argument);
+  }).join();
+  m->end_segment(0);
 }
 
 TEST_CASE("a replay never refills another storage that took the address of one it saved") {
