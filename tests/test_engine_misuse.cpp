@@ -1,6 +1,6 @@
 // test_engine_misuse: every misuse of the engine's API is a clear error, and changes nothing.
 //
-// It proves: unpin without a pin, an unknown id, an id used after forget (also once its slot was
+// It proves: unpin without a pin or of a pin a guard holds, an unknown id, an id used after forget (also once its slot was
 // reused by a newer buffer), forget or evict while pinned, registering a pointer the allocator
 // does not own (a host pointer, null, an interior pointer, a freed one), a double registration, a
 // size of 0 or larger than the allocation, a stream the device does not know, add_node with an empty compute, no outputs, a cost that
@@ -101,12 +101,34 @@ TEST_CASE("pins: unpin without a pin, forget or evict while pinned") {
     refused(f, [&] { e.evict(f.a, eviction_mode::drop); }, {id_text(f.a), "pinned"});
     CHECK(e.state(f.a) == buffer_state::resident);
   }
-  // A manual pin and unpin balance; one unpin too many is refused again.
+  // A pin released from its guard is unpinned by hand; one unpin too many is refused again.
   (void)e.pin(f.s).get();  // the guard unpins at once
   auto p = e.pin(f.s);
+  CHECK(p.release() == f.s);
+  CHECK_FALSE(p);
+  CHECK(p.release() == buffer_id{});  // an empty guard has nothing to release
+  refused(f, [&] { e.evict(f.s); }, {id_text(f.s), "pinned"});
   e.unpin(f.s);
-  p.reset();  // the guard finds it unpinned already: nothing to do
   refused(f, [&] { e.unpin(f.s); }, {id_text(f.s), "not pinned"});
+  f.check_bytes();
+}
+
+TEST_CASE("pins: unpin of a pin that a guard holds is refused, and the guard still holds it") {
+  fixture f;
+  eviction_engine& e = f.env.eng();
+  pinned_buffer guard = e.pin(f.a);
+  refused(f, [&] { e.unpin(f.a); }, {id_text(f.a), "pinned_buffer guard", "release()"});
+  // Still pinned by the guard: not evicted, not moved.
+  refused(f, [&] { e.evict(f.a); }, {id_text(f.a), "pinned"});
+  CHECK(e.state(f.a) == buffer_state::resident);
+  // A released pin beside a guard's: unpin gives back the released one only, once.
+  pinned_buffer second = e.pin(f.a);
+  (void)second.release();
+  e.unpin(f.a);
+  refused(f, [&] { e.unpin(f.a); }, {id_text(f.a), "pinned_buffer guard"});
+  refused(f, [&] { e.evict(f.a); }, {id_text(f.a), "pinned"});
+  guard.reset();
+  CHECK(e.evict(f.a));
   f.check_bytes();
 }
 

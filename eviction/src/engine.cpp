@@ -444,6 +444,13 @@ void eviction_engine::unpin(buffer_id id) {
   if (e.pins == 0) {
     throw invalid_argument("spillway: unpin(" + describe_id(id) + "): it is not pinned");
   }
+  if (e.released_pins == 0) {
+    throw invalid_argument("spillway: unpin(" + describe_id(id) + "): its " + std::to_string(e.pins) +
+                           " pin(s) belong to pinned_buffer guards or to a recompute under way, not to "
+                           "the caller; a guard unpins when reset or destroyed (release() it first to "
+                           "unpin by hand)");
+  }
+  --e.released_pins;
   m.unpin_locked(e);
 }
 
@@ -630,11 +637,26 @@ void pinned_buffer::reset() noexcept {
   if (engine_ == nullptr) return;
   eviction_engine::impl& m = *engine_->impl_;
   engine_lock lock(m);
-  if (detail::buffer_entry* e = m.buffers.find(id_.value); e != nullptr && e->pins > 0) {
+  // The guard's pin is its own (unpin refuses it), so the entry is there and pinned; the checks
+  // only keep a destructor from touching what it cannot own.
+  if (detail::buffer_entry* e = m.buffers.find(id_.value); e != nullptr && e->pins > e->released_pins) {
     m.unpin_locked(*e);
   }
   engine_ = nullptr;
   ptr_ = nullptr;
+}
+
+buffer_id pinned_buffer::release() noexcept {
+  if (engine_ == nullptr) return buffer_id{};
+  eviction_engine::impl& m = *engine_->impl_;
+  engine_lock lock(m);
+  if (detail::buffer_entry* e = m.buffers.find(id_.value); e != nullptr && e->pins > e->released_pins) {
+    ++e->released_pins;
+  }
+  const buffer_id id = id_;
+  engine_ = nullptr;
+  ptr_ = nullptr;
+  return id;
 }
 
 }  // namespace spillway::eviction

@@ -81,6 +81,9 @@ struct buffer_entry {
   std::size_t segment_size = 0;     // resident: the segment that holds its block
   bool whole_segment = false;       // resident: its block is that whole segment
   std::uint32_t pins = 0;
+  // Of those, the pins a caller took over from their guard (pinned_buffer::release), which
+  // eviction_engine::unpin gives back; the others belong to live guards or to the engine itself.
+  std::uint32_t released_pins = 0;
   std::uint64_t last_access_ns = 0;
   access_profile::step_key access_key;  // for next-use prediction (access_profile.hpp)
   // Its next read in the last step's record (access_profile::next_read), found when it last became

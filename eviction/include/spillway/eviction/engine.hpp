@@ -109,7 +109,10 @@ struct engine_stats {
 
 class eviction_engine;
 
-// A pin: the buffer stays resident, at ptr(), until the pin is destroyed or reset.
+// A pin: the buffer stays resident, at get(), until the guard is destroyed or reset, or, after
+// release(), until eviction_engine::unpin(id). unpin() gives back only released pins: a pin that
+// a guard still holds is the guard's, so an unpin that would leave a guard pointing at a buffer
+// the engine may evict or move is refused.
 class pinned_buffer {
  public:
   pinned_buffer() = default;
@@ -124,6 +127,10 @@ class pinned_buffer {
   std::size_t size() const noexcept { return size_; }
   explicit operator bool() const noexcept { return engine_ != nullptr; }
   void reset() noexcept;
+  // Lets the pin outlive the guard: the buffer stays pinned, the guard becomes empty, and the
+  // caller gives the pin back with eviction_engine::unpin(id). Returns the id; on an empty guard,
+  // buffer_id{} and nothing happens.
+  buffer_id release() noexcept;
 
  private:
   friend class eviction_engine;
@@ -188,7 +195,10 @@ class eviction_engine {
   // fit]). Returns the pins in the order of `ids` (an id may repeat). On failure no pin taken by
   // the call is left.
   std::vector<pinned_buffer> pin_all(std::span<const buffer_id> ids);
-  void unpin(buffer_id id);                          // for callers that do not use the guard
+  // Gives back a pin taken over from its guard with pinned_buffer::release(). Refused
+  // (invalid_argument naming the id) when the buffer has no released pin: not pinned at all, or
+  // pinned only by guards, which unpin themselves.
+  void unpin(buffer_id id);
 
   // Starts restoring a spilled buffer and returns at once. A hint: when no memory can be had for
   // it now, it returns false and the buffer stays spilled (the pressure path may have evicted
