@@ -11,6 +11,8 @@ Run by ctest with spillway's build tree on PYTHONPATH (tests/CMakeLists.txt).
 
 import contextlib
 import copy
+import functools
+import threading
 import gc
 import unittest
 import weakref
@@ -195,6 +197,59 @@ class CheckpointRecompute(unittest.TestCase):
             self.assertTrue(torch.equal(bn_ref.running_mean, bn.running_mean))
             self.assertTrue(torch.equal(bn_ref.running_var, bn.running_var))
             self.assertEqual(int(bn.num_batches_tracked), 1)
+
+    def test_batchnorm_reached_through_a_lambda_or_partial_is_updated_once(self):
+        # fn is no Module nor a bound method of one: the BatchNorm modules it calls are found as
+        # the replay calls them.
+        torch.manual_seed(0)
+        model = cnn()
+        x = torch.randn(8, 3, 16, 16)
+        plain = copy.deepcopy(model)
+        reference = step(plain, x, lambda m, x: m(x))
+
+        def run(block, t):
+            return block(t)
+
+        def forward(m, x):
+            with spillway.activations(max_resident=0, mode="drop", min_bytes=0) as acts:
+                h = spillway.checkpoint(lambda t: m[:4](t), x)
+                h = spillway.checkpoint(functools.partial(run, m[4:7]), h)
+                y = spillway.checkpoint(lambda t: m[7:](t), h)
+            forward.acts = acts
+            return y
+        got = step(model, x, forward)
+        assert_identical(self, reference, got)
+        self.assertGreater(forward.acts.stats()["recomputes"], 0)
+        for bn_ref, bn in zip([m for m in plain.modules() if isinstance(m, torch.nn.BatchNorm2d)],
+                              [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]):
+            self.assertTrue(torch.equal(bn_ref.running_mean, bn.running_mean))
+            self.assertTrue(torch.equal(bn_ref.running_var, bn.running_var))
+            self.assertEqual(int(bn.num_batches_tracked), 1)
+
+    def test_a_replay_leaves_batchnorm_run_on_another_thread_alone(self):
+        # The hook that finds a replay's BatchNorm modules is global while the replay runs: a
+        # module another thread runs meanwhile keeps its update.
+        torch.manual_seed(0)
+        model = cnn()
+        other = torch.nn.BatchNorm1d(4)
+        runs = []
+
+        def segment(t):
+            runs.append(None)
+            if len(runs) == 2:  # the first replay (in backward) runs the other thread's module
+                worker = threading.Thread(target=lambda: other(torch.randn(16, 4)))
+                worker.start()
+                worker.join()
+            return model(t)
+
+        x = torch.randn(8, 3, 16, 16)
+        with spillway.activations(max_resident=0, mode="drop", min_bytes=0) as acts:
+            y = spillway.checkpoint(segment, x)
+        y.square().mean().backward()
+        self.assertGreater(len(runs), 1)
+        self.assertGreater(acts.stats()["recomputes"], 0)
+        self.assertEqual(int(other.num_batches_tracked), 1)
+        self.assertEqual(int(model[1].num_batches_tracked), 1)
 
     def test_without_pressure_nothing_is_dropped(self):
         torch.manual_seed(0)

@@ -93,20 +93,44 @@ def _batch_norms(fn):
     owner = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
     if not isinstance(owner, torch.nn.Module):
         return []
-    return [m for m in owner.modules()
-            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    return [m for m in owner.modules() if _updates_running_stats(m)]
+
+
+def _updates_running_stats(m):
+    return isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats
 
 
 @contextlib.contextmanager
 def _running_stats_kept(modules):
-    """BatchNorm running statistics are not updated a second time by a replay."""
-    kept = [(m, [b.detach().clone() if b is not None else None
-                 for b in (m.running_mean, m.running_var, m.num_batches_tracked)]) for m in modules]
+    """BatchNorm running statistics are not updated a second time by a replay. Those of `modules`
+    (fn's own, which a replay may run without a module call: fn is a BatchNorm's bound forward)
+    are saved up front; those of every other BatchNorm module the replay calls on this thread
+    (one reached through a lambda, a closure or functools.partial) when it is first called, by a
+    global forward pre-hook that is there only while the replay runs and ignores other threads.
+    All are put back when the replay ends, also when it fails or stops early. Running statistics
+    that fn updates by calling torch.nn.functional.batch_norm itself are not seen."""
+    kept = {}
+
+    def keep(m):
+        if id(m) not in kept:
+            kept[id(m)] = (m, [b.detach().clone() if b is not None else None
+                               for b in (m.running_mean, m.running_var, m.num_batches_tracked)])
+
+    for m in modules:
+        keep(m)
+    thread = threading.get_ident()
+
+    def before_forward(module, args):
+        if _updates_running_stats(module) and threading.get_ident() == thread:
+            keep(module)
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(before_forward)
     try:
         yield
     finally:
+        handle.remove()
         with torch.no_grad():
-            for m, (mean, var, count) in kept:
+            for m, (mean, var, count) in kept.values():
                 for live, old in ((m.running_mean, mean), (m.running_var, var),
                                   (m.num_batches_tracked, count)):
                     if live is not None:
@@ -354,8 +378,8 @@ def checkpoint(fn, *args, **kwargs):
     pressure and are recomputed on unpack (torch.utils.checkpoint, by contrast, always recomputes).
     Every tensor in args and kwargs (inside tuples, lists and dicts too) is an input of the
     segment, held and checked for in-place changes; a replay runs under the autocast state the
-    first run had, and keeps the running statistics of the BatchNorm modules of fn (a Module, or
-    a bound method of one; others' statistics are updated again by a replay).
+    first run had, and keeps the running statistics of the BatchNorm modules it runs (fn's own, and
+    any module it calls however it reaches it; not those torch.nn.functional.batch_norm updates).
     Inside spillway.activations() it uses that manager; outside, it behaves like fn."""
     manager = _current_manager()
     # Inside a replay it is fn too: the replay records what fn saves, and a segment opened by it
