@@ -375,6 +375,13 @@ class lineage_graph {
     return ids;
   }
 
+  // A chain s -> x1 -> ... -> xn of buffers of `bytes` on the default stream: s first.
+  std::vector<buffer_id> chain(int n, std::size_t bytes) {
+    std::vector<buffer_id> ids{source(bytes)};
+    for (int i = 0; i < n; ++i) ids.push_back(node({ids.back()}, {bytes})[0]);
+    return ids;
+  }
+
   // Enqueues on `s` a kernel that checks the bytes at `ptr` against the golden copy of `id` when it
   // completes, `duration_ns` (default: the graph's kernel time) after it starts.
   void check_kernel(buffer_id id, const void* ptr, stream_ref s, std::string tag = {},
