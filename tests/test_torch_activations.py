@@ -417,6 +417,45 @@ class CheckpointRecompute(unittest.TestCase):
         self.assertEqual(acts.stats()["recomputes"], 1)
         self.assertTrue(torch.equal(w.grad, reference))
 
+    def test_saves_on_a_thread_that_carries_the_segments_hooks_are_not_the_segments(self):
+        # PyTorch runs a backward on CUDA on its device thread, with the calling thread's
+        # saved-tensor hooks (a gradient penalty inside a segment). Saves made there are not the
+        # segment's in its first run (segments are per thread), so its replay must not record
+        # them either: dropped entries are refilled by save position, and here every save has
+        # the same size, so a shifted position refilled the wrong bytes with no error.
+        def on_a_device_thread(fn):
+            hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+            out = []
+
+            def run():
+                if hooks is not None:
+                    torch._C._autograd._push_saved_tensors_default_hooks(*hooks)
+                try:
+                    out.append(fn())
+                finally:
+                    if hooks is not None:
+                        torch._C._autograd._pop_saved_tensors_default_hooks()
+            worker = threading.Thread(target=run)
+            worker.start()
+            worker.join()
+            return out[0]
+
+        def segment(t):
+            a = t.sin()                                       # saves t
+            b = on_a_device_thread(lambda: (a * 2).exp())     # saves exp's output, elsewhere
+            return (b + a).cos()                              # saves b + a
+
+        w0 = torch.randn(4096)
+        w = w0.clone().requires_grad_()
+        segment(w * 3).sum().backward()
+        reference, w = w.grad, w0.clone().requires_grad_()
+        with spillway.activations(mode="drop", min_bytes=0) as acts:
+            loss = spillway.checkpoint(segment, w * 3).sum()
+            self.assertGreater(acts.evict(1 << 30)[0], 0)
+            loss.backward()
+        self.assertEqual(acts.stats()["recomputes"], 1)
+        self.assertTrue(torch.equal(w.grad, reference))
+
     def test_a_segment_under_autocast_is_replayed_under_it(self):
         # The replay runs in backward, outside the autocast block: it must cast as the first run
         # did. Only exp's fp32 output is dropped, so a replay in fp32 would refill it with bytes

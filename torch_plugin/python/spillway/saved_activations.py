@@ -27,7 +27,9 @@ Contract
   (CPU and CUDA) of the original forward, BatchNorm running statistics left as they were, and every
   dropped storage of the segment restored from the recomputation, matched by the order in which the
   segment saved them. Bytes are identical to the original when the segment is deterministic.
-  A segment may run a backward of its own (a gradient penalty): its replay runs it too.
+  A segment may run a backward of its own (a gradient penalty): its replay runs it too. What
+  that backward saves on another thread (PyTorch's device thread, on CUDA, which runs with the
+  segment's hooks) is not the segment's, in its first run or its replay.
   When none of the segment's outputs is dropped, the replay stops right after the last dropped
   save still in use (as torch.utils.checkpoint's early stop): what backward has consumed already
   is not run again (stats: recomputes_stopped).
@@ -284,9 +286,18 @@ class ActivationManager:
             recorded = []
             stop = []  # set once the stop is raised
 
+            replay_thread = threading.get_ident()
+
             def record(t):
                 if stop:
                     raise _ReplayStopped  # the first one was caught: stop again
+                if threading.get_ident() != replay_thread:
+                    # A save on another thread that runs with the replay's hooks: the device
+                    # thread of a backward the segment runs itself (a gradient penalty on CUDA).
+                    # The first run's saves there were not the segment's (segments are per
+                    # thread), so they are not recorded here either: a recorded save is matched
+                    # to the segment's entries by position.
+                    return (t,)
                 recorded.append(t.detach())
                 if len(recorded) == stop_after:
                     stop.append(True)
@@ -294,7 +305,7 @@ class ActivationManager:
                 return len(recorded) - 1
 
             def unpack(i):  # a backward the segment runs itself (a gradient penalty)
-                return recorded[i]
+                return i[0] if isinstance(i, tuple) else recorded[i]
 
             leaves = list(others)
             for i, t, g in zip(at, resident, grads):
