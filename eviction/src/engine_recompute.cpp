@@ -254,10 +254,10 @@ void eviction_engine::impl::recompute_locked(node_entry& n, std::size_t depth) {
     }
   } unpin{*this, n.inputs};
   for (buffer_entry* in : n.inputs) {
-    if (in->stream != n.stream) {  // n reads it on n.stream: its block waits for that, too
-      order_after_locked(n.stream, in->stream);
-      allocator.record_stream(in->device_ptr, n.stream);
-    }
+    // n reads it on n.stream, as pin(id, n.stream) would: ordered after its stream, its block's
+    // free waiting for n.stream, and n.stream among its use_streams (compaction moves such a
+    // buffer only as a last resort: Note [Compaction]).
+    use_on_stream_locked(*in, n.stream);
     // And after the streams of pin(id, use), which may have written it (as a spill waits).
     for (stream_ref s : in->use_streams) {
       if (s != n.stream) order_after_locked(n.stream, s);
