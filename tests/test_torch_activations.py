@@ -226,6 +226,35 @@ class CheckpointRecompute(unittest.TestCase):
             self.assertTrue(torch.equal(bn_ref.running_var, bn.running_var))
             self.assertEqual(int(bn.num_batches_tracked), 1)
 
+    def test_instance_norm_and_statistics_swapped_in_are_updated_once(self):
+        # InstanceNorm tracks running statistics too; and with torch.func.functional_call the
+        # statistics a replay updates are the swapped-in tensors, not the module's own: those are
+        # what it must put back (putting the module's back wrote the swapped values into them).
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.InstanceNorm2d(8, track_running_stats=True),
+            torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+        x = torch.randn(4, 3, 8, 8)
+
+        def fresh():
+            return {"4.running_mean": torch.zeros(8), "4.running_var": torch.ones(8),
+                    "4.num_batches_tracked": torch.tensor(0)}
+        plain, plain_swapped = copy.deepcopy(net), fresh()
+        torch.func.functional_call(plain, plain_swapped, (x,)).square().mean().backward()
+
+        own = {k: v.clone() for k, v in net.state_dict().items() if k.startswith("4.")}
+        swapped = fresh()
+        with spillway.activations(max_resident=0, mode="drop", min_bytes=0) as acts:
+            y = spillway.checkpoint(lambda t: torch.func.functional_call(net, swapped, (t,)), x)
+        y.square().mean().backward()
+        self.assertGreater(acts.stats()["recomputes"], 0)
+        for k in swapped:
+            self.assertTrue(torch.equal(swapped[k], plain_swapped[k]), k)
+            self.assertTrue(torch.equal(net.state_dict()[k], own[k]), k)  # not touched
+        self.assertTrue(torch.equal(net[1].running_mean, plain[1].running_mean))
+        self.assertTrue(torch.equal(net[1].running_var, plain[1].running_var))
+        self.assertTrue(torch.equal(net[1].num_batches_tracked, plain[1].num_batches_tracked))
+
     def test_a_replay_leaves_batchnorm_run_on_another_thread_alone(self):
         # The hook that finds a replay's BatchNorm modules is global while the replay runs: a
         # module another thread runs meanwhile keeps its update.

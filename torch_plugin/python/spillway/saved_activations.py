@@ -99,24 +99,27 @@ def _batch_norms(fn):
 
 
 def _updates_running_stats(m):
-    return isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    # BatchNorm's and InstanceNorm's (both _NormBase) when they track running statistics.
+    return isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats
 
 
 @contextlib.contextmanager
 def _running_stats_kept(modules):
-    """BatchNorm running statistics are not updated a second time by a replay. Those of `modules`
-    (fn's own, which a replay may run without a module call: fn is a BatchNorm's bound forward)
-    are saved up front; those of every other BatchNorm module the replay calls on this thread
+    """Normalisation running statistics are not updated a second time by a replay. Those of
+    `modules` (fn's own, which a replay may run without a module call: fn is a BatchNorm's bound
+    forward) are saved up front; those of every other such module the replay calls on this thread
     (one reached through a lambda, a closure or functools.partial) when it is first called, by a
     global forward pre-hook that is there only while the replay runs and ignores other threads.
-    All are put back when the replay ends, also when it fails or stops early. Running statistics
-    that fn updates by calling torch.nn.functional.batch_norm itself are not seen."""
+    What is saved is the statistics tensors a module holds at that moment (those swapped in by
+    torch.func.functional_call, say), and those are put back when the replay ends, also when it
+    fails or stops early. Running statistics that fn updates by calling
+    torch.nn.functional.batch_norm itself are not seen."""
     kept = {}
 
     def keep(m):
-        if id(m) not in kept:
-            kept[id(m)] = (m, [b.detach().clone() if b is not None else None
-                               for b in (m.running_mean, m.running_var, m.num_batches_tracked)])
+        for b in (m.running_mean, m.running_var, m.num_batches_tracked):
+            if b is not None and id(b) not in kept:
+                kept[id(b)] = (b, b.detach().clone())
 
     for m in modules:
         keep(m)
@@ -132,11 +135,8 @@ def _running_stats_kept(modules):
     finally:
         handle.remove()
         with torch.no_grad():
-            for m, (mean, var, count) in kept.values():
-                for live, old in ((m.running_mean, mean), (m.running_var, var),
-                                  (m.num_batches_tracked, count)):
-                    if live is not None:
-                        live.copy_(old)
+            for live, old in kept.values():
+                live.copy_(old)
 
 
 def _autocast_state():
@@ -389,8 +389,9 @@ def checkpoint(fn, *args, **kwargs):
     pressure and are recomputed on unpack (torch.utils.checkpoint, by contrast, always recomputes).
     Every tensor in args and kwargs (inside tuples, lists and dicts too) is an input of the
     segment, held and checked for in-place changes; a replay runs under the autocast state the
-    first run had, and keeps the running statistics of the BatchNorm modules it runs (fn's own, and
-    any module it calls however it reaches it; not those torch.nn.functional.batch_norm updates).
+    first run had, and keeps the running statistics of the BatchNorm and InstanceNorm modules it
+    runs (fn's own, and any module it calls however it reaches it, the tensors they hold then;
+    not those torch.nn.functional.batch_norm updates).
     Inside spillway.activations() it uses that manager; outside, it behaves like fn."""
     manager = _current_manager()
     # Inside a replay it is fn too: the replay records what fn saves, and a segment opened by it
