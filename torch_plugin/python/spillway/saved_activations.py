@@ -103,17 +103,34 @@ def _updates_running_stats(m):
     return isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats
 
 
+# The replay under way on each thread: its keep(module). One global forward pre-hook serves every
+# replay, there while at least one runs: registered and removed under a lock, as torch numbers
+# its hook handles without one (two replays on two device threads could otherwise get one id,
+# and one's removal take the other's hook away).
+_replay_stats = threading.local()
+_stats_hook_lock = threading.Lock()
+_stats_hook_users = 0
+_stats_hook_handle = None
+
+
+def _keep_stats_before_forward(module, args):
+    keep = getattr(_replay_stats, "keep", None)
+    if keep is not None and _updates_running_stats(module):
+        keep(module)
+
+
 @contextlib.contextmanager
 def _running_stats_kept(modules):
     """Normalisation running statistics are not updated a second time by a replay. Those of
     `modules` (fn's own, which a replay may run without a module call: fn is a BatchNorm's bound
     forward) are saved up front; those of every other such module the replay calls on this thread
     (one reached through a lambda, a closure or functools.partial) when it is first called, by a
-    global forward pre-hook that is there only while the replay runs and ignores other threads.
-    What is saved is the statistics tensors a module holds at that moment (those swapped in by
-    torch.func.functional_call, say), and those are put back when the replay ends, also when it
-    fails or stops early. Running statistics that fn updates by calling
+    global forward pre-hook that is there only while replays run and sees the modules of the
+    replay on its own thread. What is saved is the statistics tensors a module holds at that
+    moment (those swapped in by torch.func.functional_call, say), and those are put back when the
+    replay ends, also when it fails or stops early. Running statistics that fn updates by calling
     torch.nn.functional.batch_norm itself are not seen."""
+    global _stats_hook_users, _stats_hook_handle
     kept = {}
 
     def keep(m):
@@ -123,17 +140,24 @@ def _running_stats_kept(modules):
 
     for m in modules:
         keep(m)
-    thread = threading.get_ident()
-
-    def before_forward(module, args):
-        if _updates_running_stats(module) and threading.get_ident() == thread:
-            keep(module)
-
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(before_forward)
+    outer = getattr(_replay_stats, "keep", None)  # a replay inside a replay: the inner one's
+    _replay_stats.keep = keep
     try:
-        yield
+        with _stats_hook_lock:
+            if _stats_hook_users == 0:
+                _stats_hook_handle = torch.nn.modules.module.register_module_forward_pre_hook(
+                    _keep_stats_before_forward)
+            _stats_hook_users += 1
+        try:
+            yield
+        finally:
+            with _stats_hook_lock:
+                _stats_hook_users -= 1
+                if _stats_hook_users == 0:
+                    _stats_hook_handle.remove()
+                    _stats_hook_handle = None
     finally:
-        handle.remove()
+        _replay_stats.keep = outer
         with torch.no_grad():
             for live, old in kept.values():
                 live.copy_(old)
