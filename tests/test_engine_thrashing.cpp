@@ -8,7 +8,8 @@
 // finishes the work; the count starts again at each caller's pin (two pins that each stay under
 // the bound both succeed); the number of nodes a pin runs is bounded the same way, so nodes that
 // cost nothing are bounded too; 0 sets no bound; a negative, NaN or infinite factor is refused with
-// invalid_argument naming the value.
+// invalid_argument naming the value; recompute plans nested past max_nested_plans fail as
+// thrashing too, nothing lost, and a max_nested_plans of 0 is refused.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -115,5 +116,52 @@ TEST_CASE("a negative, NaN or infinite max_recompute_factor is refused, naming i
       CHECK_MESSAGE(contains(e.what(), "max_recompute_factor is"), e.what());
       CHECK_MESSAGE(contains(e.what(), "expected a finite number >= 0"), e.what());
     }
+  }
+}
+
+TEST_CASE("recompute plans nested past max_nested_plans fail as thrashing, nothing lost") {
+  // x1 = f(x0), x2 = g(x1), x3 = k(x2), x4 = h(x1, x3), all dropped, in one 2 MiB small segment
+  // (test_engine_lineage's held-outputs case): the plan for x4 lets x1 go to fit k's output, and
+  // h brings it back with a plan inside the first. With max_nested_plans 1 that is thrashing.
+  engine_options o;
+  o.engine.allow_spill = false;
+  o.engine.max_nested_plans = 1;
+  engine_env env(o);
+  lineage_graph g(env);
+  const buffer_id x0 = g.source(256 * KiB);
+  const buffer_id x1 = g.node({x0}, {512 * KiB})[0];
+  const buffer_id x2 = g.node({x1}, {MiB})[0];
+  const buffer_id x3 = g.node({x2}, {512 * KiB})[0];
+  const buffer_id x4 = g.node({x1, x3}, {256 * KiB})[0];
+  env.sim->run_until_idle();
+  for (buffer_id id : {x1, x2, x3, x4}) drop(env.eng(), id);
+  env.alloc->set_budget(2 * MiB);
+  try {
+    (void)env.eng().pin(x4);
+    FAIL("pin returned");
+  } catch (const out_of_memory& e) {
+    CHECK_MESSAGE(contains(e.what(), "thrashing"), e.what());
+    CHECK_MESSAGE(contains(e.what(), "max_nested_plans 1"), e.what());
+    CHECK_MESSAGE(contains(e.what(), "node 'n0'"), e.what());  // f, for x1
+  }
+  CHECK(env.eng().stats().plan_holds_released == 1);
+  CHECK(env.eng().stats().pinned_bytes == 0);
+  CHECK(env.eng().state(x4) == buffer_state::dropped);
+  // Nothing lost: with room, every buffer comes back whole.
+  env.alloc->set_budget(std::numeric_limits<std::size_t>::max());
+  for (buffer_id id : {x0, x1, x2, x3, x4}) g.expect(id);
+  env.sim->run_until_idle();
+  env.check_clean();
+}
+
+TEST_CASE("max_nested_plans 0 is refused, naming it") {
+  engine_options o;
+  o.engine.max_nested_plans = 0;
+  try {
+    engine_env env(o);
+    FAIL("the engine was made");
+  } catch (const invalid_argument& e) {
+    CHECK_MESSAGE(contains(e.what(), "max_nested_plans is 0"), e.what());
+    CHECK_MESSAGE(contains(e.what(), "expected >= 1"), e.what());
   }
 }

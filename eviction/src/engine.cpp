@@ -33,6 +33,9 @@ eviction_engine::impl::impl(eviction_engine& s, device_allocator& a, engine_conf
       config(std::move(c)),
       policy(make_policy(config.policy, config.seed)),
       host(a.backend(), config.host_pool_capacity) {
+  if (config.max_nested_plans == 0) {
+    throw invalid_argument("spillway: engine_config.max_nested_plans is 0; expected >= 1");
+  }
   if (config.max_recompute_depth == 0) {
     throw invalid_argument("spillway: engine_config.max_recompute_depth is 0; expected >= 1");
   }

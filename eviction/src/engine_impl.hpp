@@ -174,6 +174,9 @@ struct eviction_engine::impl {
   void recompute_locked(detail::node_entry& n, std::size_t depth);
   std::string order_output_locked(detail::buffer_entry& out, stream_ref made_on) noexcept;
   void check_thrashing_locked(const detail::node_entry& n) const;  // before n runs again
+  out_of_memory::details thrashing_details_locked() const;
+  // Past max_nested_plans (rematerialise_locked): thrashing.
+  [[noreturn]] void throw_nested_plans_locked(const detail::node_entry& top, std::size_t depth) const;
 
   // --- engine_neighbourhood.cpp ----------------------------------------------------------------------
   void settle_cost_order_locked() noexcept;  // places candidates whose cost changed (cost_order.hpp)

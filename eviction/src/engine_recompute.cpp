@@ -108,6 +108,8 @@ std::vector<node_entry*> eviction_engine::impl::plan_recompute_locked(node_entry
 // Runs the plan for `top`. A node whose outputs are no longer dropped (an earlier node of the
 // plan made them, or they were never needed by it) is skipped.
 void eviction_engine::impl::rematerialise_locked(node_entry& top, std::size_t depth) {
+  // `depth` counts the plans this one runs inside: each level is a few frames of stack.
+  if (depth >= config.max_nested_plans) throw_nested_plans_locked(top, depth);
   const std::vector<node_entry*> plan = plan_recompute_locked(top, depth);
   std::unordered_map<const node_entry*, std::size_t> position;
   for (std::size_t i = 0; i < plan.size(); ++i) position.emplace(plan[i], i);
@@ -196,6 +198,30 @@ struct visit_guard {
 // Note [Thrashing bound]: running n again would take the caller's pin past max_recompute_factor
 // times the cost of the whole lineage. Nothing has changed for n yet; the exception unwinds like
 // an allocation's out_of_memory (pins let go, scratch freed, dropped buffers left dropped).
+out_of_memory::details eviction_engine::impl::thrashing_details_locked() const {
+  const memory_stats st = allocator.stats();
+  out_of_memory::details d;
+  d.device = allocator.device();
+  d.budget = allocator.budget();
+  d.allocated = static_cast<std::size_t>(st.allocated_bytes[0].current);
+  d.reserved = static_cast<std::size_t>(st.reserved_bytes[0].current);
+  d.pinned = stats.pinned_bytes;
+  return d;
+}
+
+// Plans nested past max_nested_plans: each found an input of its node evicted again before the
+// node ran, under pressure that lets go of what the plans hold. Thrashing, before the stack runs out.
+void eviction_engine::impl::throw_nested_plans_locked(const node_entry& top, std::size_t depth) const {
+  const out_of_memory::details d = thrashing_details_locked();
+  throw thrashing("spillway: thrashing on device " + std::to_string(d.device) + ": rematerialising node '" +
+                      top.desc.name + "' needs a recompute plan inside " + std::to_string(depth) +
+                      " others (max_nested_plans " + std::to_string(config.max_nested_plans) +
+                      "): each one's inputs were evicted again before its node ran. " +
+                      std::to_string(d.reserved) + " bytes reserved, " + std::to_string(d.allocated) +
+                      " allocated: raise the budget, allow spilling, or raise max_nested_plans",
+                  d);
+}
+
 void eviction_engine::impl::check_thrashing_locked(const node_entry& n) const {
   // Cost, and also count: nodes whose cost is 0 (or measured as next to nothing) would never pass
   // a bound on cost alone.
@@ -205,13 +231,7 @@ void eviction_engine::impl::check_thrashing_locked(const node_entry& n) const {
       static_cast<double>(call_recomputes + 1) <= factor * static_cast<double>(lineage_nodes)) {
     return;
   }
-  const memory_stats st = allocator.stats();
-  out_of_memory::details d;
-  d.device = allocator.device();
-  d.budget = allocator.budget();
-  d.allocated = static_cast<std::size_t>(st.allocated_bytes[0].current);
-  d.reserved = static_cast<std::size_t>(st.reserved_bytes[0].current);
-  d.pinned = stats.pinned_bytes;
+  const out_of_memory::details d = thrashing_details_locked();
   char budget[48] = "no budget";
   if (d.budget != std::numeric_limits<std::size_t>::max()) {
     std::snprintf(budget, sizeof budget, "budget %zu bytes", d.budget);

@@ -21,7 +21,8 @@
 //   than max_recompute_depth fail with std::logic_error naming the nodes, before anything changes.
 //   A pin whose recomputes pass max_recompute_factor times the lineage's whole cost (or number of
 //   nodes) is thrashing (what it rebuilds is evicted again to make room for the rest): it fails
-//   with out_of_memory, every buffer consistent and whole, as when an allocation fails.
+//   with out_of_memory, every buffer consistent and whole, as when an allocation fails; so does
+//   one whose plans nest (an input evicted again before its node ran) past max_nested_plans.
 // - Work queued on the stream given to pin(id, use) is ordered with the buffer's own: its block is
 //   not freed or reused, nor spilled, before that work has run.
 // - Errors: misuse (unknown or forgotten id, unpin without pin, forget while pinned, registering a
@@ -62,6 +63,12 @@ struct engine_config {
   // fails with out_of_memory instead of going on (Note [Thrashing bound]). 0: no bound. Must be
   // finite and >= 0.
   double max_recompute_factor = 8;
+  // Recompute plans nested in one another: a plan's node finds an input evicted since the plan
+  // began (its hold let go to fit, Note [Recompute plans hold their outputs]) and brings it back
+  // with a plan of its own, on the stack (about 1.2 KiB a level in a release build, several
+  // times that with sanitizers). Past this many levels the pin is thrashing and fails with
+  // out_of_memory, as past max_recompute_factor, long before the stack could run out. Must be >= 1.
+  std::size_t max_nested_plans = 256;
   bool allow_spill = true;
   bool allow_drop = true;
   // Under a budget with fixed segments, empty segments by moving unpinned resident buffers into
