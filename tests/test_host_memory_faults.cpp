@@ -25,7 +25,9 @@
 // alone with expandable segments (pages mapped, a cross-stream free, a release); registering a
 // buffer, adding a node, setting and removing it; explicit evictions, a step boundary and forget;
 // forgetting a buffer whose spill is in flight, and rebuilding a node whose other output's spill
-// is (the host copy is dropped: the d2h queue and the in-flight list let go of it).
+// is (the host copy is dropped: the d2h queue and the in-flight list let go of it); an explicit
+// spill whose copy cannot be queued (a copy fault: it says false, even when the host block's
+// return to the pool runs out of memory).
 //
 // The simulated device is shielded from the failures in those runs: it stands for the CUDA runtime,
 // whose failures are the device and copy faults the sim injects (test_fault_injection). Its own
@@ -390,6 +392,29 @@ std::unique_ptr<scenario> evict_forget_layout() {
   return s;
 }
 
+// An explicit spill whose copy fails to queue (a copy fault of the sim): the buffer stays
+// resident, and the host block taken for it goes back to the pool, or, with the host out of
+// memory for the pool's lists, stays handed out; evict says false either way.
+std::unique_ptr<scenario> failed_spill_layout() {
+  auto s = std::make_unique<scenario>(engine_options{});
+  const buffer_id a = s->g.source(1 * MiB);
+  s->env.sim->run_until_idle();
+  s->operation = [a](scenario& t) {
+    t.env.sim->fail_nth(fault_site::copy, 1);
+    bool evicted = true;
+    try {
+      evicted = t.env.eng().evict(a, eviction_mode::spill);
+    } catch (const std::bad_alloc&) {
+      FAIL_CHECK("evict threw bad_alloc: a spill that cannot start says false");
+    }
+    t.env.sim->clear_faults();
+    CHECK_FALSE(evicted);
+  };
+  s->did = [a](scenario& t) { return t.env.eng().state(a) == buffer_state::resident; };
+  s->check = [a](scenario& t) { CHECK(t.env.eng().state(a) == buffer_state::resident); };
+  return s;
+}
+
 // A 1 MiB source whose spill is in flight (the sim's clock is manual: its copy waits for the next
 // run), forgotten. Another source's spill cost shows the d2h queue: back to what it was once the
 // copy, which still holds the copy engine, has completed (or at once, if no event could mark it).
@@ -517,6 +542,10 @@ TEST_CASE("host out of memory: forgetting a buffer whose spill is in flight") {
 
 TEST_CASE("host out of memory: a recompute drops a sibling's host copy while its spill is in flight") {
   sweep_both(sibling_spilling_layout);
+}
+
+TEST_CASE("host out of memory: a spill whose copy cannot be queued") {
+  sweep_both(failed_spill_layout);
 }
 
 TEST_CASE("host out of memory in the simulated device: a failed enqueue leaves its stream as is") {

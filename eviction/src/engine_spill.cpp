@@ -66,7 +66,13 @@ bool eviction_engine::impl::spill_locked(buffer_entry& e) {
       backend.synchronize_stream(d2h_stream);
     } catch (...) {
     }
-    host.free(host_block);
+    try {
+      host.free(host_block);
+    } catch (...) {
+      // Out of host memory for the pool's lists: the block stays handed out (the pool frees it
+      // when destroyed). A spill that could not start returns false, never throws: under
+      // pressure the allocator would take an exception for "nothing freed" this round.
+    }
     return false;
   }
   by_pointer.erase(e.device_ptr);
