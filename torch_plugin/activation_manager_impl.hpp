@@ -104,12 +104,13 @@ struct activation_manager::entry {
   // writes it, and evicting it again needs no copy out (evict_one).
   at::Tensor host;
   std::optional<std::uint32_t> host_version;  // a kept copy's: the storage's version at its restore
-  // CUDA: the copy the next user waits for. A resident entry's is its copy back, which a spill
+  // CUDA: the copy the next user waits for. A resident entry's is its copy back (or the refill
+  // of a replay, which made its bytes on the replay's stream), which a spill
   // waits for on the copy stream (copy_out); it does not keep the entry from being evicted. A
   // spilled entry's is its spill's copy out, or, evicted clean, the copy back before (which came
   // after that spill's copy out).
   std::optional<c10::Event> copy;
-  // CUDA: the stream its current block was allocated on by a copy back (a prefetch's may be
+  // CUDA: the stream its current block was allocated on by a copy back or a replay's refill (a prefetch's may be
   // another than its readers'): a reader on another stream is recorded on the block (its free
   // then waits for that reader's work too).
   std::optional<c10::Stream> allocated_on;

@@ -329,11 +329,26 @@ void activation_manager::recompute(segment& s, bool nested, std::vector<at::Tens
       }
     }
     e->storage.set_nbytes(e->nbytes);
+    if (e->device.is_cuda()) {
+      // Its block and bytes were made on this thread's stream (the replay's tensor taken over, or
+      // a block allocated there and the refill's copy): a spill waits for that stream; a reader
+      // on another stream waits for the event, as for a copy back, and is recorded on the block
+      // (wait_for_copy_back), so its free waits for that reader too.
+      const c10::Stream made_on = c10::cuda::getCurrentCUDAStream(e->device.index()).unwrap();
+      try {
+        c10::Event done(c10::DeviceType::CUDA);
+        done.record(made_on);
+        e->copy = std::move(done);
+      } catch (...) {
+        e->storage.set_data_ptr_noswap(at::DataPtr(nullptr, e->device));
+        e->storage.set_nbytes(0);  // dropped, as it was
+        throw;
+      }
+      e->saved_on = made_on;
+      e->allocated_on = made_on;
+    }
     e->state = entry_state::resident;
     e->last_use = detail::now_seconds();  // made now, as a copy back's is: not the stalest victim
-    // Its bytes were made on this thread's stream (the replay's, or the refill's copy): a spill
-    // waits for it.
-    if (e->device.is_cuda()) e->saved_on = c10::cuda::getCurrentCUDAStream(e->device.index()).unwrap();
     became_resident(*e);
     ++e->pins;
     refilled.push_back(e);
