@@ -325,9 +325,11 @@ std::shared_ptr<activation_manager::saved> activation_manager::hold(const at::Te
     throw;
   }
   if (saved_by_autograd) ++e->unpackable;  // the handle's release counts it down
-  // From here the handle owns the alias: should anything below throw, it lets the entry go. The
-  // save stays listed in the open segments even then: a program that goes on after the failure
-  // saves it again in the replay, which must stay aligned with the list.
+  // From here the handle owns the alias: should anything below throw, it lets the entry go. Once
+  // note_saved has listed the save in the open segments it stays listed, whatever throws after
+  // (a program that goes on saves it again in the replay, which must stay aligned with the list).
+  // A failure before that (host memory for the entry, the handle or the list) leaves it unlisted:
+  // a program that catches it inside a segment and goes on is out of step with its replay.
   e->orphaned = false;  // saved again while a recomputation used it: it has a handle once more
   if (saved_by_autograd) {
     note_saved(e);
