@@ -452,4 +452,22 @@ inline void drop(eviction_engine& e, buffer_id id) {
   REQUIRE(e.state(id) == buffer_state::dropped);
 }
 
+// x1 = f(x0), x2 = g(x1), x3 = k(x2), x4 = h(x1, x3) (x0 256 KiB, x1 512, x2 1024, x3 512, x4 256),
+// x1..x4 dropped, then a 2 MiB budget: one small segment. Rematerialising x4 runs f, g, k, h and
+// holds x1 from f until h reads it; at k, x0 + x1 + x2 + x3 exceed 2 MiB, so the plan must let x1
+// go (Note [Recompute plans hold their outputs]) and h brings it back with a plan of its own.
+// The engine must not spill (allow_spill false). Returns x0..x4.
+inline std::vector<buffer_id> held_outputs_graph(engine_env& env, lineage_graph& g) {
+  const buffer_id x0 = g.source(256 * KiB);
+  const buffer_id x1 = g.node({x0}, {512 * KiB})[0];
+  const buffer_id x2 = g.node({x1}, {MiB})[0];
+  const buffer_id x3 = g.node({x2}, {512 * KiB})[0];
+  const buffer_id x4 = g.node({x1, x3}, {256 * KiB})[0];
+  env.sim->run_until_idle();
+  for (buffer_id id : {x1, x2, x3, x4}) drop(env.eng(), id);
+  env.alloc->set_budget(2 * MiB);
+  REQUIRE(env.alloc->stats().reserved_bytes[0].current == static_cast<std::int64_t>(2 * MiB));
+  return {x0, x1, x2, x3, x4};
+}
+
 }  // namespace spillway::test

@@ -136,15 +136,7 @@ TEST_CASE("a recompute plan lets its held outputs go when a node would not fit o
   o.engine.allow_spill = false;
   engine_env env(o);
   lineage_graph g(env);
-  const buffer_id x0 = g.source(256 * KiB);
-  const buffer_id x1 = g.node({x0}, {512 * KiB})[0];
-  const buffer_id x2 = g.node({x1}, {MiB})[0];
-  const buffer_id x3 = g.node({x2}, {512 * KiB})[0];
-  const buffer_id x4 = g.node({x1, x3}, {256 * KiB})[0];
-  env.sim->run_until_idle();
-  for (buffer_id id : {x1, x2, x3, x4}) drop(env.eng(), id);
-  env.alloc->set_budget(2 * MiB);
-  REQUIRE(env.alloc->stats().reserved_bytes[0].current == static_cast<std::int64_t>(2 * MiB));
+  const buffer_id x4 = held_outputs_graph(env, g)[4];
 
   g.expect(x4);
   env.sim->run_until_idle();

@@ -120,22 +120,15 @@ TEST_CASE("a negative, NaN or infinite max_recompute_factor is refused, naming i
 }
 
 TEST_CASE("recompute plans nested past max_nested_plans fail as thrashing, nothing lost") {
-  // x1 = f(x0), x2 = g(x1), x3 = k(x2), x4 = h(x1, x3), all dropped, in one 2 MiB small segment
-  // (test_engine_lineage's held-outputs case): the plan for x4 lets x1 go to fit k's output, and
-  // h brings it back with a plan inside the first. With max_nested_plans 1 that is thrashing.
+  // held_outputs_graph: the plan for x4 lets x1 go to fit k's output, and h brings it back with a
+  // plan inside the first. With max_nested_plans 1 that is thrashing.
   engine_options o;
   o.engine.allow_spill = false;
   o.engine.max_nested_plans = 1;
   engine_env env(o);
   lineage_graph g(env);
-  const buffer_id x0 = g.source(256 * KiB);
-  const buffer_id x1 = g.node({x0}, {512 * KiB})[0];
-  const buffer_id x2 = g.node({x1}, {MiB})[0];
-  const buffer_id x3 = g.node({x2}, {512 * KiB})[0];
-  const buffer_id x4 = g.node({x1, x3}, {256 * KiB})[0];
-  env.sim->run_until_idle();
-  for (buffer_id id : {x1, x2, x3, x4}) drop(env.eng(), id);
-  env.alloc->set_budget(2 * MiB);
+  const std::vector<buffer_id> x = held_outputs_graph(env, g);
+  const buffer_id x4 = x[4];
   try {
     (void)env.eng().pin(x4);
     FAIL("pin returned");
@@ -149,7 +142,7 @@ TEST_CASE("recompute plans nested past max_nested_plans fail as thrashing, nothi
   CHECK(env.eng().state(x4) == buffer_state::dropped);
   // Nothing lost: with room, every buffer comes back whole.
   env.alloc->set_budget(std::numeric_limits<std::size_t>::max());
-  for (buffer_id id : {x0, x1, x2, x3, x4}) g.expect(id);
+  for (buffer_id id : x) g.expect(id);
   env.sim->run_until_idle();
   env.check_clean();
 }

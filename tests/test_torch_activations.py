@@ -55,6 +55,16 @@ def assert_identical(test, a, b):
         test.assertTrue(torch.equal(ga, gb), "a gradient differs")
 
 
+def assert_updated_once(test, plain, model):
+    """BatchNorm running statistics as a plain run left them: updated by the forward only, not
+    again by the recomputations."""
+    for bn_ref, bn in zip([m for m in plain.modules() if isinstance(m, torch.nn.BatchNorm2d)],
+                          [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]):
+        test.assertTrue(torch.equal(bn_ref.running_mean, bn.running_mean))
+        test.assertTrue(torch.equal(bn_ref.running_var, bn.running_var))
+        test.assertEqual(int(bn.num_batches_tracked), 1)
+
+
 class CheckpointRecompute(unittest.TestCase):
     def test_mlp_segments_dropped_and_recomputed_bit_identical(self):
         torch.manual_seed(0)
@@ -191,12 +201,7 @@ class CheckpointRecompute(unittest.TestCase):
         got = step(model, x, forward)
         assert_identical(self, reference, got)
         self.assertGreater(forward.acts.stats()["recomputes"], 0)
-        # Running statistics were updated by the forward only, not again by the recomputations.
-        for bn_ref, bn in zip([m for m in plain.modules() if isinstance(m, torch.nn.BatchNorm2d)],
-                              [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]):
-            self.assertTrue(torch.equal(bn_ref.running_mean, bn.running_mean))
-            self.assertTrue(torch.equal(bn_ref.running_var, bn.running_var))
-            self.assertEqual(int(bn.num_batches_tracked), 1)
+        assert_updated_once(self, plain, model)
 
     def test_batchnorm_reached_through_a_lambda_or_partial_is_updated_once(self):
         # fn is no Module nor a bound method of one: the BatchNorm modules it calls are found as
@@ -220,11 +225,7 @@ class CheckpointRecompute(unittest.TestCase):
         got = step(model, x, forward)
         assert_identical(self, reference, got)
         self.assertGreater(forward.acts.stats()["recomputes"], 0)
-        for bn_ref, bn in zip([m for m in plain.modules() if isinstance(m, torch.nn.BatchNorm2d)],
-                              [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]):
-            self.assertTrue(torch.equal(bn_ref.running_mean, bn.running_mean))
-            self.assertTrue(torch.equal(bn_ref.running_var, bn.running_var))
-            self.assertEqual(int(bn.num_batches_tracked), 1)
+        assert_updated_once(self, plain, model)
         # The global hook that found them is gone with the last replay (it slows every module call).
         self.assertEqual(len(torch.nn.modules.module._global_forward_pre_hooks), 0)
 
