@@ -430,6 +430,20 @@ class CheckpointRecompute(unittest.TestCase):
                 self.assertEqual(acts.stats()["recomputes_stopped"], 1)
                 self.assertTrue(torch.equal(w.grad, reference))
 
+    def assert_one_replay_identical(self, fn):
+        """fn over 4096 floats, run as one checkpoint segment whose saves are all dropped: its one
+        replay gives the gradient of a plain run, bit for bit."""
+        w0 = torch.randn(4096)
+        w = w0.clone().requires_grad_()
+        fn(w * 3).sum().backward()
+        reference, w = w.grad, w0.clone().requires_grad_()
+        with spillway.activations(mode="drop", min_bytes=0) as acts:
+            loss = spillway.checkpoint(fn, w * 3).sum()
+            self.assertGreater(acts.evict(1 << 30)[0], 0)
+            loss.backward()
+        self.assertEqual(acts.stats()["recomputes"], 1)
+        self.assertTrue(torch.equal(w.grad, reference))
+
     def test_a_segment_that_runs_a_backward_itself_is_recomputed(self):
         # A gradient penalty inside a segment: its replay runs that backward too, which reads
         # what the replay saved (the replay's unpack hook gave None, and the backward failed).
@@ -438,16 +452,7 @@ class CheckpointRecompute(unittest.TestCase):
             g, = torch.autograd.grad(h.sum(), t, create_graph=True)
             return (h * g).sin()
 
-        w0 = torch.randn(4096)
-        w = w0.clone().requires_grad_()
-        penalised(w * 3).sum().backward()
-        reference, w = w.grad, w0.clone().requires_grad_()
-        with spillway.activations(mode="drop", min_bytes=0) as acts:
-            loss = spillway.checkpoint(penalised, w * 3).sum()
-            self.assertGreater(acts.evict(1 << 30)[0], 0)
-            loss.backward()
-        self.assertEqual(acts.stats()["recomputes"], 1)
-        self.assertTrue(torch.equal(w.grad, reference))
+        self.assert_one_replay_identical(penalised)
 
     def test_saves_on_a_thread_that_carries_the_segments_hooks_are_not_the_segments(self):
         # PyTorch runs a backward on CUDA on its device thread, with the calling thread's
@@ -477,16 +482,7 @@ class CheckpointRecompute(unittest.TestCase):
             b = on_a_device_thread(lambda: (a * 2).exp())     # saves exp's output, elsewhere
             return (b + a).cos()                              # saves b + a
 
-        w0 = torch.randn(4096)
-        w = w0.clone().requires_grad_()
-        segment(w * 3).sum().backward()
-        reference, w = w.grad, w0.clone().requires_grad_()
-        with spillway.activations(mode="drop", min_bytes=0) as acts:
-            loss = spillway.checkpoint(segment, w * 3).sum()
-            self.assertGreater(acts.evict(1 << 30)[0], 0)
-            loss.backward()
-        self.assertEqual(acts.stats()["recomputes"], 1)
-        self.assertTrue(torch.equal(w.grad, reference))
+        self.assert_one_replay_identical(segment)
 
     def test_a_segment_under_autocast_is_replayed_under_it(self):
         # The replay runs in backward, outside the autocast block: it must cast as the first run
