@@ -28,7 +28,8 @@
 
 namespace spillway::eviction {
 
-// The thrashing bound's out_of_memory (check_thrashing_locked). A recompute plan that lets its
+// The thrashing bound's out_of_memory (check_thrashing_locked), and that of plans nested past
+// max_nested_plans (throw_nested_plans_locked). A recompute plan that lets its
 // held outputs go to try a node again on out_of_memory (Note [Recompute plans hold their
 // outputs]) lets this one through: the same node would be refused again.
 class thrashing : public out_of_memory {

@@ -195,9 +195,7 @@ struct visit_guard {
 };
 }  // namespace
 
-// Note [Thrashing bound]: running n again would take the caller's pin past max_recompute_factor
-// times the cost of the whole lineage. Nothing has changed for n yet; the exception unwinds like
-// an allocation's out_of_memory (pins let go, scratch freed, dropped buffers left dropped).
+// What a thrashing error reports: the device, budget, reserved, allocated and pinned bytes.
 out_of_memory::details eviction_engine::impl::thrashing_details_locked() const {
   const memory_stats st = allocator.stats();
   out_of_memory::details d;
@@ -222,6 +220,9 @@ void eviction_engine::impl::throw_nested_plans_locked(const node_entry& top, std
                   d);
 }
 
+// Note [Thrashing bound]: running n again would take the caller's pin past max_recompute_factor
+// times the cost of the whole lineage. Nothing has changed for n yet; the exception unwinds like
+// an allocation's out_of_memory (pins let go, scratch freed, dropped buffers left dropped).
 void eviction_engine::impl::check_thrashing_locked(const node_entry& n) const {
   // Cost, and also count: nodes whose cost is 0 (or measured as next to nothing) would never pass
   // a bound on cost alone.

@@ -75,7 +75,9 @@ from . import _C
 
 _default_policy = "dtr"
 _active = threading.local()  # .stack: (manager, its hooks) entered on this thread, innermost last
-_replaying = threading.local()  # .depth: segment replays running on this thread
+# Segment replays on this thread: .depth, how many are running; .keep, the innermost one's
+# keep(module) for running statistics (_running_stats_kept).
+_replaying = threading.local()
 
 
 def _set_default_policy(name):
@@ -103,18 +105,16 @@ def _updates_running_stats(m):
     return isinstance(m, torch.nn.modules.batchnorm._NormBase) and m.track_running_stats
 
 
-# The replay under way on each thread: its keep(module). One global forward pre-hook serves every
-# replay, there while at least one runs: registered and removed under a lock, as torch numbers
-# its hook handles without one (two replays on two device threads could otherwise get one id,
-# and one's removal take the other's hook away).
-_replay_stats = threading.local()
+# One global forward pre-hook serves every replay, there while at least one runs: registered and
+# removed under a lock, as torch numbers its hook handles without one (two replays on two device
+# threads could otherwise get one id, and one's removal take the other's hook away).
 _stats_hook_lock = threading.Lock()
 _stats_hook_users = 0
 _stats_hook_handle = None
 
 
 def _keep_stats_before_forward(module, args):
-    keep = getattr(_replay_stats, "keep", None)
+    keep = getattr(_replaying, "keep", None)
     if keep is not None and _updates_running_stats(module):
         keep(module)
 
@@ -140,8 +140,8 @@ def _running_stats_kept(modules):
 
     for m in modules:
         keep(m)
-    outer = getattr(_replay_stats, "keep", None)  # a replay inside a replay: the inner one's
-    _replay_stats.keep = keep
+    outer = getattr(_replaying, "keep", None)  # a replay inside a replay: the inner one's
+    _replaying.keep = keep
     try:
         with _stats_hook_lock:
             if _stats_hook_users == 0:
@@ -157,7 +157,7 @@ def _running_stats_kept(modules):
                     _stats_hook_handle.remove()
                     _stats_hook_handle = None
     finally:
-        _replay_stats.keep = outer
+        _replaying.keep = outer
         with torch.no_grad():
             for live, old in kept.values():
                 live.copy_(old)
