@@ -122,6 +122,49 @@ TEST_CASE("a chain of segments of two outputs is restored in linear time under p
   CHECK(manager->stats().recomputes <= segments);  // each once at most
 }
 
+TEST_CASE("an output that a later frame of the same restore reads is held until that frame runs") {
+  // P(x, y) returns a and b; A(a) returns a2, B(b) returns b2, T(a2, b2) returns t. Restoring t
+  // pushes T, then A (for a2), then P (for a). P's replay restores a and b, but only A, on the
+  // stack, reads a: B, which reads b, is pushed only after A has run. A restore that held only
+  // what frames on the stack read let b go; pressure (max_resident 0) dropped it during A's
+  // replay, and B's frame replayed P a second time (found by review).
+  auto manager = activation_manager::make(evict_all(activation_mode::drop));
+  const auto two = [](const std::vector<at::Tensor>& in, std::optional<std::size_t> = {}) {
+    return segment_run{{}, {(in[0] + in[1]).sin(), (in[0] - in[1]).cos()}};
+  };
+  const auto one = [](const std::vector<at::Tensor>& in, std::optional<std::size_t> = {}) {
+    at::Tensor sum = in[0];
+    for (std::size_t j = 1; j < in.size(); ++j) sum = sum * in[j];
+    return segment_run{{}, {sum.exp()}};
+  };
+  // Each output is registered right after its segment (as autograd's saves outside segments
+  // are), so that its lineage is that segment.
+  std::vector<std::shared_ptr<activation_manager::saved>> handles;
+  const auto run_segment = [&](const segment_replay& fn, const std::vector<at::Tensor>& in) {
+    manager->begin_segment(fn, {}, in);
+    segment_run first = fn(in, std::nullopt);
+    manager->end_segment(1e-3, first.outputs);
+    for (const at::Tensor& out : first.outputs) handles.push_back(manager->pack(out));
+    return first.outputs;
+  };
+  const at::Tensor x = at::randn({256}), y = at::randn({256});
+  {
+    const std::vector<at::Tensor> ab = run_segment(two, {x, y});
+    const at::Tensor a2 = run_segment(one, {ab[0]})[0];
+    const at::Tensor b2 = run_segment(one, {ab[1]})[0];
+    run_segment(one, {a2, b2});
+  }
+  const std::vector<at::Tensor> reference_ab = two({x, y}).outputs;
+  const at::Tensor reference =
+      one({one({reference_ab[0]}).outputs[0], one({reference_ab[1]}).outputs[0]}).outputs[0];
+  manager->evict(std::size_t{1} << 30);
+  REQUIRE(manager->stats().drops == 5);  // every output
+  CHECK(at::equal(manager->unpack(*handles.back()), reference));
+  CHECK(manager->stats().recomputes == 4);  // P, A, B and T, each once
+  handles.clear();
+  CHECK(manager->stats().registered == 0);
+}
+
 TEST_CASE("a dense block (each segment reads every earlier one) is restored bit-identically") {
   // Segment k reads the outputs of segments 0..k-1, each registered by an op outside any
   // segment right after its own segment (so each has lineage), and every one is dropped as soon

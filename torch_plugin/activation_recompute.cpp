@@ -94,9 +94,10 @@ activation_manager::segment* activation_manager::dropped_producer(const segment_
 // segment has been replayed. So a long chain of dropped checkpoints, or a segment fed by many
 // (skip connections, dense blocks), is a loop, not a deep recursion. Two rules keep it linear
 // and its memory small:
-// - every output a replay restores that a frame on the stack reads later is held for that frame
-//   until its own replay (the pressure of any unpack in between would evict it, and its segment
-//   would be replayed again, and the chain below it: exponentially, for segments of two outputs);
+// - every output a replay restores that a frame on the stack reads later, or that a segment
+//   such a frame will replay first reads, is held for that frame until its own replay (the
+//   pressure of any unpack in between would evict it, and its segment would be replayed again,
+//   and the chain below it: exponentially, for segments of two outputs);
 // - a frame gathers its dropped inputs first, the dearest to replay first (segment_cost), and
 //   the resident or spilled ones last: what it holds while it descends into a long chain is then
 //   little (a ladder's short side input is restored after its long chain, not held through it).
@@ -130,6 +131,34 @@ void activation_manager::make_resident(entry& e) {
   std::vector<frame> stack;
   stack.push_back(frame_for(e.lineage.get()));
   std::unordered_set<const segment*> on_stack{e.lineage.get()};
+  // The outputs `ready` restored that a frame on the stack reads later, or that a segment it
+  // will replay first reads (one reached from its inputs through dropped producers, not on the
+  // stack): held by that frame until its own replay. Each such segment is charged to the
+  // topmost frame that reaches it, the first to run after it. Holding only what the frames read
+  // themselves let go of an output that a frame pushed later reads; the pressure of any unpack
+  // in between dropped it, and `ready` was replayed twice in one restore.
+  const auto hold_for_frames_below = [](std::vector<frame>& frames,
+                                        const std::unordered_set<const segment*>& pushed,
+                                        const segment& ready) {
+    std::unordered_set<const segment*> reached(pushed.begin(), pushed.end());
+    std::vector<const segment*> walk;
+    for (auto g = frames.rbegin(); g != frames.rend(); ++g) {
+      const auto look_at = [&](const segment_input& in) {
+        if (in.held && in.held->entry_->lineage.get() == &ready &&
+            in.held->entry_->state == entry_state::resident) {
+          g->held.push_back(in.held->alias_.detach());
+        }
+        segment* producer = dropped_producer(in);
+        if (producer != nullptr && reached.insert(producer).second) walk.push_back(producer);
+      };
+      for (std::size_t j = g->next; j < g->order.size(); ++j) look_at(g->s->inputs[g->order[j]]);
+      while (!walk.empty()) {
+        const segment* reader = walk.back();
+        walk.pop_back();
+        for (const segment_input& in : reader->inputs) look_at(in);
+      }
+    }
+  };
   while (!stack.empty()) {
     frame& f = stack.back();
     if (f.next == f.order.size()) {  // ready: replayed, then the frames below go on
@@ -142,15 +171,7 @@ void activation_manager::make_resident(entry& e) {
       // of this one's outputs or saves, and one dropped past a stop would not come back.
       recompute(*ready, ready != e.lineage.get() || replay_depth_ > 0, std::move(inputs),
                 /*may_stop=*/stack.empty());
-      for (frame& g : stack) {  // its outputs that a frame below reads later: held for it
-        for (std::size_t j = g.next; j < g.order.size(); ++j) {
-          const segment_input& in = g.s->inputs[g.order[j]];
-          if (in.held && in.held->entry_->lineage.get() == ready &&
-              in.held->entry_->state == entry_state::resident) {
-            g.held.push_back(in.held->alias_.detach());
-          }
-        }
-      }
+      hold_for_frames_below(stack, on_stack, *ready);
       continue;
     }
     const std::size_t index = f.order[f.next];
