@@ -1,68 +1,27 @@
-"""spillway.activations / checkpoint on CPU tensors: what runs without a GPU.
+"""spillway.activations / checkpoint on CPU tensors: checkpoint segments dropped and recomputed.
 
 Proves, against a run without spillway, that gradients and losses are bit-identical when saved
-activations are dropped and recomputed (checkpoint segments with dropout and BatchNorm) or spilled
-and copied back; that BatchNorm running statistics are updated once; that storages the program
-still holds are never evicted; that views share one entry; and that bad arguments name the value.
-Eviction is forced by max_resident, the trigger that works with any allocator.
+activations are dropped and recomputed from checkpoint segments (with dropout, inputs and outputs
+modified in place, early stops, nested checkpoints, autocast, threads that carry the segment's
+hooks); that managers enter and exit cleanly; and that bad arguments name the value. Eviction is
+forced by max_resident, the trigger that works with any allocator. Normalisation statistics under
+replay are in test_torch_replay_statistics.py; spills and storage ownership in
+test_torch_storages.py.
 
 Run by ctest with spillway's build tree on PYTHONPATH (tests/CMakeLists.txt).
 """
 
 import contextlib
 import copy
-import functools
 import threading
-import gc
 import unittest
-import weakref
 
 import torch
 
 import spillway
+from torch_activation_checks import assert_identical, mlp, step
 
 torch.use_deterministic_algorithms(True)
-
-
-def mlp(width=256, depth=6):
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Dropout(0.1)]
-    return torch.nn.Sequential(*layers)
-
-
-def cnn():
-    return torch.nn.Sequential(
-        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
-        torch.nn.Dropout(0.2),
-        torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
-        torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
-        torch.nn.Flatten(), torch.nn.Linear(16 * 16 * 16, 10))
-
-
-def step(model, x, forward):
-    torch.manual_seed(1234)
-    model.zero_grad(set_to_none=True)
-    loss = forward(model, x).square().mean()
-    loss.backward()
-    return loss.detach(), [p.grad.clone() for p in model.parameters()]
-
-
-def assert_identical(test, a, b):
-    (loss_a, grads_a), (loss_b, grads_b) = a, b
-    test.assertTrue(torch.equal(loss_a, loss_b), f"loss {loss_a} != {loss_b}")
-    for ga, gb in zip(grads_a, grads_b):
-        test.assertTrue(torch.equal(ga, gb), "a gradient differs")
-
-
-def assert_updated_once(test, plain, model):
-    """BatchNorm running statistics as a plain run left them: updated by the forward only, not
-    again by the recomputations."""
-    for bn_ref, bn in zip([m for m in plain.modules() if isinstance(m, torch.nn.BatchNorm2d)],
-                          [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]):
-        test.assertTrue(torch.equal(bn_ref.running_mean, bn.running_mean))
-        test.assertTrue(torch.equal(bn_ref.running_var, bn.running_var))
-        test.assertEqual(int(bn.num_batches_tracked), 1)
 
 
 class CheckpointRecompute(unittest.TestCase):
@@ -183,105 +142,6 @@ class CheckpointRecompute(unittest.TestCase):
         got = step(model, x, forward)
         assert_identical(self, reference, got)
         self.assertEqual(forward.acts.stats()["nested_recomputes"], 0)
-
-    def test_cnn_with_batchnorm_and_dropout(self):
-        torch.manual_seed(0)
-        model = cnn()
-        x = torch.randn(8, 3, 16, 16)
-        plain = copy.deepcopy(model)
-        reference = step(plain, x, lambda m, x: m(x))
-
-        wrapped = spillway.Sequential(model, segments=3)
-
-        def forward(m, x):
-            with spillway.activations(max_resident=0, mode="drop", min_bytes=0) as acts:
-                y = wrapped(x)
-            forward.acts = acts
-            return y
-        got = step(model, x, forward)
-        assert_identical(self, reference, got)
-        self.assertGreater(forward.acts.stats()["recomputes"], 0)
-        assert_updated_once(self, plain, model)
-
-    def test_batchnorm_reached_through_a_lambda_or_partial_is_updated_once(self):
-        # fn is no Module nor a bound method of one: the BatchNorm modules it calls are found as
-        # the replay calls them.
-        torch.manual_seed(0)
-        model = cnn()
-        x = torch.randn(8, 3, 16, 16)
-        plain = copy.deepcopy(model)
-        reference = step(plain, x, lambda m, x: m(x))
-
-        def run(block, t):
-            return block(t)
-
-        def forward(m, x):
-            with spillway.activations(max_resident=0, mode="drop", min_bytes=0) as acts:
-                h = spillway.checkpoint(lambda t: m[:4](t), x)
-                h = spillway.checkpoint(functools.partial(run, m[4:7]), h)
-                y = spillway.checkpoint(lambda t: m[7:](t), h)
-            forward.acts = acts
-            return y
-        got = step(model, x, forward)
-        assert_identical(self, reference, got)
-        self.assertGreater(forward.acts.stats()["recomputes"], 0)
-        assert_updated_once(self, plain, model)
-        # The global hook that found them is gone with the last replay (it slows every module call).
-        self.assertEqual(len(torch.nn.modules.module._global_forward_pre_hooks), 0)
-
-    def test_instance_norm_and_statistics_swapped_in_are_updated_once(self):
-        # InstanceNorm tracks running statistics too; and with torch.func.functional_call the
-        # statistics a replay updates are the swapped-in tensors, not the module's own: those are
-        # what it must put back (putting the module's back wrote the swapped values into them).
-        torch.manual_seed(0)
-        net = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.InstanceNorm2d(8, track_running_stats=True),
-            torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
-        x = torch.randn(4, 3, 8, 8)
-
-        def fresh():
-            return {"4.running_mean": torch.zeros(8), "4.running_var": torch.ones(8),
-                    "4.num_batches_tracked": torch.tensor(0)}
-        plain, plain_swapped = copy.deepcopy(net), fresh()
-        torch.func.functional_call(plain, plain_swapped, (x,)).square().mean().backward()
-
-        own = {k: v.clone() for k, v in net.state_dict().items() if k.startswith("4.")}
-        swapped = fresh()
-        with spillway.activations(max_resident=0, mode="drop", min_bytes=0) as acts:
-            y = spillway.checkpoint(lambda t: torch.func.functional_call(net, swapped, (t,)), x)
-        y.square().mean().backward()
-        self.assertGreater(acts.stats()["recomputes"], 0)
-        for k in swapped:
-            self.assertTrue(torch.equal(swapped[k], plain_swapped[k]), k)
-            self.assertTrue(torch.equal(net.state_dict()[k], own[k]), k)  # not touched
-        self.assertTrue(torch.equal(net[1].running_mean, plain[1].running_mean))
-        self.assertTrue(torch.equal(net[1].running_var, plain[1].running_var))
-        self.assertTrue(torch.equal(net[1].num_batches_tracked, plain[1].num_batches_tracked))
-
-    def test_a_replay_leaves_batchnorm_run_on_another_thread_alone(self):
-        # The hook that finds a replay's BatchNorm modules is global while the replay runs: a
-        # module another thread runs meanwhile keeps its update.
-        torch.manual_seed(0)
-        model = cnn()
-        other = torch.nn.BatchNorm1d(4)
-        runs = []
-
-        def segment(t):
-            runs.append(None)
-            if len(runs) == 2:  # the first replay (in backward) runs the other thread's module
-                worker = threading.Thread(target=lambda: other(torch.randn(16, 4)))
-                worker.start()
-                worker.join()
-            return model(t)
-
-        x = torch.randn(8, 3, 16, 16)
-        with spillway.activations(max_resident=0, mode="drop", min_bytes=0) as acts:
-            y = spillway.checkpoint(segment, x)
-        y.square().mean().backward()
-        self.assertGreater(len(runs), 1)
-        self.assertGreater(acts.stats()["recomputes"], 0)
-        self.assertEqual(int(other.num_batches_tracked), 1)
-        self.assertEqual(int(model[1].num_batches_tracked), 1)
 
     def test_without_pressure_nothing_is_dropped(self):
         torch.manual_seed(0)
@@ -614,138 +474,6 @@ class CheckpointRecompute(unittest.TestCase):
                 self.assertIs(spillway.saved_activations._current_manager(), a)
             self.assertIs(spillway.saved_activations._current_manager(), a)
         self.assertIsNone(spillway.saved_activations._current_manager())
-
-
-class Spill(unittest.TestCase):
-    def test_spilled_activations_come_back_identical(self):
-        torch.manual_seed(0)
-        model = mlp(depth=4)
-        x = torch.randn(256, 256)
-        reference = step(copy.deepcopy(model), x, lambda m, x: m(x))
-
-        # Activations of 256 KiB (256 x 256 floats). A cap of one leaves room to restore one
-        # ahead; a cap of 0 leaves none (a prefetch would be evicted again at once).
-        for cap, prefetched in ((256 * 1024, True), (0, False)):
-            with self.subTest(max_resident=cap):
-                def forward(m, x):
-                    with spillway.activations(max_resident=cap, mode="spill", prefetch=1,
-                                              min_bytes=0) as acts:
-                        y = m(x)
-                    forward.acts = acts
-                    return y
-                got = step(copy.deepcopy(model), x, forward)
-                assert_identical(self, reference, got)
-                stats = forward.acts.stats()
-                self.assertGreater(stats["spills"], 0)
-                self.assertEqual(stats["restores"], stats["spills"])
-                self.assertEqual(stats["prefetches"] > 0, prefetched)
-                self.assertEqual(stats["prefetches_unused"], 0)
-                self.assertEqual(stats["drops"], 0)
-
-    def test_without_host_memory_segments_are_dropped_and_the_rest_kept(self):
-        # max_spilled=0: no spill can be made; hybrid drops the segment's storages instead (the
-        # link is made so fast that it would spill them all), the rest stays resident.
-        torch.manual_seed(0)
-        model = mlp(depth=4)
-        x = torch.randn(256, 256)
-        reference = step(copy.deepcopy(model), x, lambda m, x: m(x))
-
-        def forward(m, x):
-            with spillway.activations(max_resident=0, mode="hybrid", min_bytes=0, max_spilled=0,
-                                      link_bandwidth=1e30) as acts:
-                y = spillway.checkpoint(m[:6], x)
-                y = m[6:](y)
-            forward.acts = acts
-            return y
-        got = step(model, x, forward)
-        assert_identical(self, reference, got)
-        stats = forward.acts.stats()
-        self.assertEqual(stats["spills"], 0)
-        self.assertGreater(stats["spill_fallbacks"], 0)
-        self.assertGreater(stats["drops"], 0)
-        self.assertGreater(stats["recomputes"], 0)
-
-    def test_the_link_is_measured_from_the_spills_unless_given(self):
-        # Each CPU copy is timed; a given link_bandwidth is kept as it is.
-        for given in (None, 3e9, 1e30):
-            with self.subTest(link_bandwidth=given):
-                x = torch.randn(1 << 18, requires_grad=True)
-                with spillway.activations(mode="spill", min_bytes=0, link_bandwidth=given) as acts:
-                    before = acts.stats()
-                    y = (x * 2).sin()  # saves x * 2, which only autograd holds
-                    self.assertGreater(acts.evict(1 << 30)[0], 0)
-                    y.sum().backward()
-                stats = acts.stats()
-                self.assertEqual(stats["restores"], stats["spills"])
-                if given is None:  # its copies moved the process's estimate; the next starts there
-                    self.assertNotEqual(stats["spill_bytes_per_s"], before["spill_bytes_per_s"])
-                    self.assertNotEqual(stats["restore_bytes_per_s"], before["restore_bytes_per_s"])
-                    nxt = spillway.activations().stats()
-                    self.assertEqual(nxt["spill_bytes_per_s"], stats["spill_bytes_per_s"])
-                else:  # given: kept (1e30 saturates the counter)
-                    self.assertEqual(stats["spill_bytes_per_s"], min(int(given), 2**64 - 1))
-                self.assertNotIn("activations.spill_bytes_per_s", spillway.stats())  # per manager
-
-    def test_entries_are_released_after_backward(self):
-        model = mlp(depth=2)
-        with spillway.activations(max_resident=0, mode="spill", min_bytes=0) as acts:
-            loss = model(torch.randn(64, 256)).sum()
-        self.assertGreater(acts.stats()["registered"], 0)
-        loss.backward()
-        del loss
-        self.assertEqual(acts.stats()["registered"], 0)
-        self.assertEqual(acts.stats()["resident_bytes"], 0)
-
-
-class Ownership(unittest.TestCase):
-    def test_a_small_saved_output_does_not_keep_its_graph_alive(self):
-        # Under min_bytes a saved tensor is kept as it is. A saved output comes to the pack hook
-        # with its grad_fn: kept undetached, the graph would hold itself through it.
-        x = torch.randn(16, requires_grad=True)
-        with spillway.activations(min_bytes=1 << 30):
-            y = x.exp()  # exp saves its output
-            z = y.sum()
-        output = weakref.ref(y)
-        del y, z
-        gc.collect()
-        self.assertIsNone(output())
-
-    def test_a_storage_the_program_holds_is_never_evicted(self):
-        x = torch.randn(128, 128, requires_grad=True)
-        with spillway.activations(max_resident=0, mode="spill", min_bytes=0) as acts:
-            h = x.exp()          # saved by exp's backward, and held by `h`
-            y = h.sin()          # sin saves h
-        self.assertEqual(acts.state_of(h), "resident")
-        before = h.clone()
-        acts.evict(1 << 30)        # everything evictable goes
-        self.assertEqual(acts.state_of(h), "resident")
-        self.assertTrue(torch.equal(h, before))
-        y.sum().backward()
-
-    def test_views_share_one_entry_and_are_restored_together(self):
-        x = torch.randn(64, 64, requires_grad=True)
-        with spillway.activations(mode="spill", min_bytes=0) as acts:
-            base = x * 2
-            a = base[:32].sin()   # saves the view base[:32]
-            b = base[32:].cos()   # saves the view base[32:]
-        expected = torch.cat([(x * 2)[:32].cos(), -(x * 2)[32:].sin()])
-        del base
-        self.assertEqual(acts.stats()["registered"], 1)  # the two views share base's storage
-        (a.sum() + b.sum()).backward()
-        self.assertTrue(torch.allclose(x.grad, 2 * expected))
-
-    def test_view_storage_evicted_once(self):
-        x = torch.randn(64, 64, requires_grad=True)
-        with spillway.activations(mode="spill", min_bytes=0) as acts:
-            base = x.exp()
-            a = base[:32].sin()
-            b = base[32:].cos()
-        del base
-        freed, _ = acts.evict(1 << 30)
-        self.assertEqual(freed, 64 * 64 * 4)       # base's storage, once for both views
-        (a.sum() + b.sum()).backward()
-        e = x.detach().exp()
-        self.assertTrue(torch.allclose(x.grad, torch.cat([e[:32].cos(), -e[32:].sin()]) * e))
 
 
 class BadInput(unittest.TestCase):
