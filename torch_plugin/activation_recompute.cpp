@@ -140,7 +140,7 @@ void activation_manager::make_resident(entry& e) {
   const auto hold_for_frames_below = [](std::vector<frame>& frames,
                                         const std::unordered_set<const segment*>& pushed,
                                         const segment& ready) {
-    std::unordered_set<const segment*> reached(pushed.begin(), pushed.end());
+    std::unordered_set<const segment*> reached;  // off the stack: frames on it gather their own
     std::vector<const segment*> walk;
     for (auto g = frames.rbegin(); g != frames.rend(); ++g) {
       const auto look_at = [&](const segment_input& in) {
@@ -149,7 +149,9 @@ void activation_manager::make_resident(entry& e) {
           g->held.push_back(in.held->alias_.detach());
         }
         segment* producer = dropped_producer(in);
-        if (producer != nullptr && reached.insert(producer).second) walk.push_back(producer);
+        if (producer != nullptr && pushed.count(producer) == 0 && reached.insert(producer).second) {
+          walk.push_back(producer);
+        }
       };
       for (std::size_t j = g->next; j < g->order.size(); ++j) look_at(g->s->inputs[g->order[j]]);
       while (!walk.empty()) {
