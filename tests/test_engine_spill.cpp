@@ -30,12 +30,13 @@ using namespace spillway::test;
 
 namespace {
 
-// The sim, with chosen calls failing: the n-th create_event from now (countdown: 0 fails the next;
-// < 0 none), every stream_wait_event whose waiter is `wait_fails_on`, and every
+// The sim, with chosen calls failing: the n-th create_event or record_event from now (countdowns:
+// 0 fails the next; < 0 none), every stream_wait_event whose waiter is `wait_fails_on`, and every
 // synchronize_stream while `sync_fails`. It keeps the destination of the last copy to the device.
 struct faulty_backend final : forwarding_backend {
   using forwarding_backend::forwarding_backend;
   long create_countdown = -1;
+  long record_countdown = -1;
   std::optional<stream_ref> wait_fails_on;
   bool sync_fails = false;
   void* last_copy_to_device = nullptr;
@@ -43,6 +44,10 @@ struct faulty_backend final : forwarding_backend {
   event_ref create_event() override {
     if (create_countdown >= 0 && create_countdown-- == 0) throw device_error("injected: no event");
     return forwarding_backend::create_event();
+  }
+  void record_event(event_ref e, stream_ref s) override {
+    if (record_countdown >= 0 && record_countdown-- == 0) throw device_error("injected: no record");
+    forwarding_backend::record_event(e, s);
   }
   void stream_wait_event(stream_ref s, event_ref e) override {
     if (wait_fails_on == s) throw device_error("injected: no wait");
@@ -498,6 +503,41 @@ TEST_CASE("a copy fault while spilling leaves the buffer resident and intact") {
   env.sim->run_until_idle();
   spill_and_wait(env, src);  // the fault is spent: the next spill works
   g.expect(src);
+  env.sim->run_until_idle();
+  env.check_clean();
+}
+
+TEST_CASE("a spill that fails after its copy was queued: the host block is not reused under the copy") {
+  // With room for one host block: a spill that fails once its copy out is queued leaves that
+  // block to the copy, which may still write it; one that fails before queuing gives it back.
+  std::shared_ptr<faulty_backend> f;
+  engine_options o = with_faulty_backend(f);
+  o.engine.host_pool_capacity = 1 * MiB;
+  engine_env env(o);
+  lineage_graph g(env);
+  const buffer_id a = g.source(1 * MiB);
+  const buffer_id b = g.source(1 * MiB);
+  env.sim->run_until_idle();
+  SUBCASE("queued, then its event cannot be recorded nor the d2h stream drained") {
+    f->record_countdown = 1;  // the first record orders d2h after a's stream; the second is `done`
+    f->sync_fails = true;
+    CHECK_FALSE(env.eng().evict(a, eviction_mode::spill));
+    f->record_countdown = -1;
+    f->sync_fails = false;
+    // Given to b's spill (or back to the backend), the block would take a's late bytes.
+    CHECK_FALSE(env.eng().evict(b, eviction_mode::spill));
+    CHECK(env.eng().stats().spills == 0);
+  }
+  SUBCASE("a copy fault: nothing was queued, the block goes back at once") {
+    env.sim->fail_nth(fault_site::copy, 1);
+    CHECK_FALSE(env.eng().evict(a, eviction_mode::spill));
+    CHECK(env.eng().evict(b, eviction_mode::spill));
+    CHECK(env.eng().stats().spills == 1);
+  }
+  CHECK(env.eng().state(a) == buffer_state::resident);
+  env.sim->run_until_idle();
+  g.expect(a);
+  g.expect(b);
   env.sim->run_until_idle();
   env.check_clean();
 }

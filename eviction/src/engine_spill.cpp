@@ -50,28 +50,38 @@ bool eviction_engine::impl::spill_locked(buffer_entry& e) {
     return false;
   }
   event_ref done{};
+  bool copy_queued = false;
   try {
     order_after_locked(d2h_stream, e.stream);  // the copy reads what e.stream wrote
     for (stream_ref s : e.use_streams) order_after_locked(d2h_stream, s);  // and pin(id, use)
     backend.copy_async(host_block, e.device_ptr, e.size, copy_kind::device_to_host, d2h_stream);
+    copy_queued = true;
     done = take_event_locked();
     backend.record_event(done, d2h_stream);
     allocator.record_stream(e.device_ptr, d2h_stream);
     reserve_one_more(in_flight);
   } catch (const std::exception&) {
     // Nothing was freed: the buffer stays resident. A copy already queued only reads the block,
-    // which stays allocated, into host memory that the pool reuses after the stream drains.
+    // which stays allocated, but writes the host block: that goes back to the pool once the d2h
+    // stream has drained. If it cannot be drained, the block stays handed out (the pool frees it
+    // when destroyed) rather than go to another spill, or back to the backend, under the copy.
     if (done.value != 0) give_event_locked(done);
-    try {
-      backend.synchronize_stream(d2h_stream);
-    } catch (...) {
+    bool host_block_free = !copy_queued;
+    if (copy_queued) {
+      try {
+        backend.synchronize_stream(d2h_stream);
+        host_block_free = true;
+      } catch (...) {
+      }
     }
-    try {
-      host.free(host_block);
-    } catch (...) {
-      // Out of host memory for the pool's lists: the block stays handed out (the pool frees it
-      // when destroyed). A spill that could not start returns false, never throws: under
-      // pressure the allocator would take an exception for "nothing freed" this round.
+    if (host_block_free) {
+      try {
+        host.free(host_block);
+      } catch (...) {
+        // Out of host memory for the pool's lists: the block stays handed out as well. A spill
+        // that could not start returns false, never throws: under pressure the allocator would
+        // take an exception for "nothing freed" this round.
+      }
     }
     return false;
   }
