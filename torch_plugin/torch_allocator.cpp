@@ -2,6 +2,7 @@
 // Statistics and snapshots are in torch_allocator_state.cpp. The contract is in torch_allocator.hpp.
 #include "torch_allocator.hpp"
 
+#include <c10/core/Allocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -531,6 +532,11 @@ void install(std::shared_ptr<torch_allocator> allocator) {
                     "spillway: install: the allocator is null; expected a torch_allocator to install");
   // torch checks that its current allocator has not been initialised (no CUDA memory yet).
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(allocator);
+  // changeCurrentAllocator sets only CUDACachingAllocator's pointer. c10::GetAllocator(kCUDA),
+  // which at::getDeviceAllocator (torch.accelerator's memory statistics, empty_cache and memory
+  // info) and storages made without a tensor use, would stay PyTorch's own allocator, never
+  // initialised.
+  c10::SetAllocator(c10::kCUDA, allocator.get());
   std::lock_guard lock(live_mutex);
   installed_allocator.store(allocator.get());
   installed_owner = std::move(allocator);
