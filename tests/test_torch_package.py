@@ -133,6 +133,8 @@ class Package(unittest.TestCase):
             raises(ValueError, "expandable_segments", spillway.install, backend="sim",
                    expandable_segments="maybe")
             raises(ValueError, 'bad value "tpu" for key "backend"', spillway.install, backend="tpu")
+            raises(ValueError, "budget '64MiB' and budget_fraction 0.5 were both given",
+                   spillway.install, backend="sim", budget="64MiB", budget_fraction=0.5)
             spillway.install(backend="sim", budget="64MiB")
             raises(ValueError, "already installed", spillway.install, backend="sim")
             raises(ValueError, "size -5 is invalid", spillway.set_budget, -5)

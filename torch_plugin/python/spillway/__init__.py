@@ -135,6 +135,9 @@ def install(budget=None, policy=None, cpu_tensors=False, **settings):
         warnings.warn(f"spillway.install: {_TORCH_CONF_VARIABLE} keys {', '.join(ignored)} tune "
                       "PyTorch's own allocator, which spillway replaces: ignored", stacklevel=2)
     merged.update(_conf_items(ENV_CONF))
+    if budget is not None and settings.get("budget_fraction") is not None:
+        raise ValueError(f"spillway.install: budget {budget!r} and budget_fraction "
+                         f"{settings['budget_fraction']!r} were both given; expected one of them")
     if budget is not None:
         merged.pop("budget_fraction", None)
         merged["budget"] = parse_size(budget)
