@@ -41,6 +41,7 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -286,10 +287,16 @@ std::unique_ptr<scenario> budget_layout() {
   for (int i = 0; i < 5; ++i) x.push_back(s->g.source(512 * KiB));
   for (int i = 1; i < 8; ++i) x.push_back(s->g.node({x.back()}, {1 * MiB})[0]);
   s->env.sim->run_until_idle();
-  s->operation = [](scenario& t) { (void)t.env.alloc->set_budget(6 * MiB); };
+  auto returned = std::make_shared<bool>(false);
+  s->operation = [returned](scenario& t) {
+    (void)t.env.alloc->set_budget(6 * MiB);
+    *returned = true;
+  };
   s->did = [](scenario& t) {
     return t.env.alloc->stats().reserved_bytes[0].current <= static_cast<std::int64_t>(6 * MiB);
   };
+  // A call that threw leaves the old budget (it is lowered while the handlers run).
+  s->check = [returned](scenario& t) { CHECK(t.env.alloc->budget() == (*returned ? 6 : 16) * MiB); };
   return s;
 }
 

@@ -274,6 +274,14 @@ pressure_result device_allocator::impl::run_pressure_handlers_releasing_lock(
   auto snapshot = handlers;  // handlers may be added or removed while the lock is released
   ++stats.num_pressure_handler_calls;
   lock.unlock();
+  // Held again however this ends: a throw below (host out of memory for the failure's text or
+  // the warning) reaches callers that hold the lock, as a return does.
+  struct relock {
+    std::unique_lock<std::mutex>& lock;
+    ~relock() {
+      if (!lock.owns_lock()) lock.lock();
+    }
+  } relock_on_exit{lock};
   pressure_result total;
   std::string failure;
   // Enough: the contiguous size wanted, or (a budget being lowered) the bytes over it.
@@ -407,6 +415,17 @@ budget_report device_allocator::impl::set_budget_releasing_lock(std::unique_lock
     budget = b;
     stats.budget = b == unlimited_budget ? -1 : static_cast<std::int64_t>(b);
   };
+  // A call that throws leaves the old budget in force, whatever throws (a refusal, host memory
+  // for the handlers' list, a device error from an event query): lowered while the handlers run,
+  // it would otherwise stay, and a scoped_budget whose construction threw would never restore it.
+  struct old_budget_unless_set {
+    const decltype(set_locked)& set;
+    std::size_t old;
+    bool done = false;
+    ~old_budget_unless_set() {
+      if (!done) set(old);  // under the lock: the handlers' call takes it back on a throw
+    }
+  } restore_guard{set_locked, old_budget};
   const auto refuse = [&] {
     set_locked(old_budget);
     std::ostringstream m;
@@ -441,6 +460,7 @@ budget_report device_allocator::impl::set_budget_releasing_lock(std::unique_lock
     if (strict && allocated_locked() > bytes) refuse();
   }
   set_locked(bytes);
+  restore_guard.done = true;
   report.budget = bytes;
   report.reserved = reserved_locked();
   report.shortfall = report.reserved > bytes ? report.reserved - bytes : 0;
