@@ -459,6 +459,37 @@ TEST_CASE_TEMPLATE("statistics count allocations, bytes, activity and splits", B
   CHECK(alloc.stats().allocated_bytes[0].current == 0);
 }
 
+TEST_CASE_TEMPLATE("inactive_split totals change once per allocation and per free, as PyTorch's", B,
+                   SPILLWAY_ALL_BACKENDS) {
+  // PyTorch applies the net change of each allocation and free, not every free-tree insert and
+  // erase: cutting an inactive split block again only shrinks its bytes, and a free that merges
+  // its neighbours counts them leaving once.
+  SPILLWAY_BACKEND_OR_SKIP(B, env);
+  device_allocator alloc(env.backend, env.config());
+  const auto i64 = [](std::size_t n) { return static_cast<std::int64_t>(n); };
+  void* a = alloc.allocate(512);  // a 2 MiB small segment: 512 B, and a remainder split off
+  void* b = alloc.allocate(512);  // the remainder cut again
+  memory_stats st = alloc.stats();
+  CHECK(st.inactive_split[0].current == 1);
+  CHECK(st.inactive_split[0].allocated == 1);
+  CHECK(st.inactive_split[0].freed == 0);
+  CHECK(st.inactive_split_bytes[0].current == i64(2 * MiB - 1024));
+  CHECK(st.inactive_split_bytes[0].allocated == i64(2 * MiB - 512));
+  CHECK(st.inactive_split_bytes[0].freed == 512);
+  alloc.deallocate(a);  // a free split block, beside b
+  alloc.deallocate(b);  // merges both neighbours: the segment is one free block again
+  st = alloc.stats();
+  CHECK(st.inactive_split[0].current == 0);
+  CHECK(st.inactive_split[0].allocated == 2);
+  CHECK(st.inactive_split[0].freed == 2);
+  CHECK(st.inactive_split_bytes[0].current == 0);
+  CHECK(st.inactive_split_bytes[0].allocated == i64(2 * MiB));
+  CHECK(st.inactive_split_bytes[0].freed == i64(2 * MiB));
+  CHECK(st.inactive_split[1].allocated == 2);  // the small pool's own
+  CHECK(st.inactive_split[2].allocated == 0);
+  check_consistent(alloc);
+}
+
 TEST_CASE_TEMPLATE("the snapshot reports segments and blocks field by field", B, SPILLWAY_ALL_BACKENDS) {
   SPILLWAY_BACKEND_OR_SKIP(B, env);
   device_allocator alloc(env.backend, env.config());

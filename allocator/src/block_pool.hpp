@@ -2,7 +2,10 @@
 //
 // - block_pool: the free tree of the small or the large pool. insert/erase keep the
 //   inactive_split statistics in step with the tree: a free block that does not span its whole
-//   segment is an "inactive split" block (PyTorch's definition). They also keep releasable(): what
+//   segment is an "inactive split" block (PyTorch's definition). Within a split_stats_batch those
+//   statistics change once, by the net of its inserts and erases, as PyTorch changes them once
+//   per allocation and per free: the current values are the same either way, the cumulative
+//   allocated and freed counts agree with PyTorch's only so. They also keep releasable(): what
 //   giving the free blocks back would return to the device (a block that is its whole fixed
 //   segment, the whole granules of a block of an expandable one), so that the pressure path knows
 //   it in O(1) instead of walking every segment (and every block of the expandable ones). Exact
@@ -14,6 +17,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -59,6 +63,22 @@ class block_pool {
   void insert(block* b) noexcept;
   void erase(block* b) noexcept;
 
+  // See the top of the file. Batches do not nest.
+  class split_stats_batch {
+   public:
+    explicit split_stats_batch(block_pool& pool) noexcept : pool_(pool) { pool_.batching_ = true; }
+    split_stats_batch(const split_stats_batch&) = delete;
+    split_stats_batch& operator=(const split_stats_batch&) = delete;
+    ~split_stats_batch() {
+      pool_.batching_ = false;
+      pool_.change_split_stats(pool_.net_blocks_, pool_.net_bytes_);
+      pool_.net_blocks_ = pool_.net_bytes_ = 0;
+    }
+
+   private:
+    block_pool& pool_;
+  };
+
   // Expandable segments' granule (0: none); set before the first block enters the pool.
   void set_granularity(std::size_t bytes) noexcept { granularity_ = bytes; }
   // What releasing every free block of the pool would give back to the device now.
@@ -72,6 +92,8 @@ class block_pool {
 
  private:
   stat_type type() const noexcept { return small_ ? stat_type::small_pool : stat_type::large_pool; }
+  void count_split(std::int64_t blocks, std::int64_t bytes) noexcept;  // now, or in the batch
+  void change_split_stats(std::int64_t blocks, std::int64_t bytes) noexcept;
   // Note [Oversize blocks]: which requests an oversize block may serve, whole.
   // At or above the limit, a block less than 20 MiB larger; below it, only a block less than the
   // segment rounding larger: the segment such a request gets of its own when that rounding takes
@@ -88,6 +110,8 @@ class block_pool {
   std::size_t max_split_size_ = no_split_limit;
   std::size_t granularity_ = 0;
   std::size_t releasable_ = 0;  // releasable_of summed over the tree
+  bool batching_ = false;       // a split_stats_batch is open: net_* gather the changes
+  std::int64_t net_blocks_ = 0, net_bytes_ = 0;
 };
 
 template <class T>

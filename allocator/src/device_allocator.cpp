@@ -161,6 +161,7 @@ void device_allocator::impl::take_block_locked(block_pool& pool, block* b, std::
   live.reserve_one();
   block* rest = splits_locked(*b, rounded) ? block_records.make() : nullptr;
 
+  const block_pool::split_stats_batch once{pool};  // one change, as PyTorch's allocation makes
   pool.erase(b);
   if (rest != nullptr) {  // split: b keeps the low addresses, the remainder stays cached
     rest->address = b->address + rounded;
@@ -233,6 +234,7 @@ void device_allocator::impl::free_block_locked(block* b) noexcept {
 // Marks b free and puts it in its pool, merged with its free neighbours (not unmapped ones).
 void device_allocator::impl::insert_free_locked(block* b) noexcept {
   block_pool& pool = pool_of(b);
+  const block_pool::split_stats_batch once{pool};  // one change, as PyTorch's free makes
   b->status = block_status::free;
   if (block* p = b->prev; p != nullptr && p->status == block_status::free) {
     pool.erase(p);
