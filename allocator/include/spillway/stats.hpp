@@ -9,6 +9,11 @@
 //   active / active_bytes              allocated blocks, including those waiting on stream events
 //   inactive_split / _bytes            free blocks that are a split piece of a segment
 //   requested_bytes                    what callers asked for, before rounding
+//
+// One difference in timing: a block whose free waits on other streams' events stays active
+// (active, active_bytes, requested_bytes) until an allocation that misses the cache, empty_cache
+// or a budget change looks at its events (Note [Cross-stream frees]); PyTorch looks at them at
+// every allocation. The fast path never queries events.
 #pragma once
 
 #include <array>
