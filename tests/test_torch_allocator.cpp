@@ -4,18 +4,22 @@
 // Proves what PyTorch relies on: DataPtrs whose deleter frees, size 0, stats and their resets in
 // c10's layout, OOM as c10::OutOfMemoryError with the observers called, cacheInfo, memory fraction
 // as a budget, getBaseAllocation, the memory info torch reports, and a NotImplementedError naming
-// each unsupported feature. Every failure path leaves the allocator's state unchanged. (Memory
+// each unsupported feature, and the allocations, frees and out of memory that torch's profiler
+// records. Every failure path leaves the allocator's state unchanged. (Memory
 // history, snapshots' traces and trace trackers: test_torch_allocator_history.cpp.)
 // Not here (needs a GPU): recordStream on real CUDA streams, memcpyAsync, enablePeerAccess, and
 // installation into a process that runs CUDA kernels (bench/gpu_suite.sh runs those).
 #include <doctest/doctest.h>
 
+#include <c10/core/Allocator.h>
 #include <c10/util/Exception.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "torch_allocator_fixture.hpp"
 
@@ -128,6 +132,60 @@ TEST_CASE("out of memory: c10::OutOfMemoryError, observers called, nothing chang
   a->resetAccumulatedStats(0);
   CHECK(a->getDeviceStats(0).num_ooms == 0);
   a->raw_delete(p);
+}
+
+namespace {
+// What torch's profiler is told (profile_memory): (ptr, bytes, allocated, reserved) per call, and
+// the out-of-memory reports (bytes, allocated, reserved).
+struct profiler_record final : c10::MemoryReportingInfoBase {
+  struct usage {
+    void* ptr;
+    std::int64_t bytes;
+    std::size_t allocated, reserved;
+  };
+  std::vector<usage> uses, ooms;
+  void reportMemoryUsage(void* ptr, int64_t bytes, size_t allocated, size_t reserved,
+                         c10::Device device) override {
+    CHECK(device == c10::Device(c10::DeviceType::CUDA, 0));
+    uses.push_back({ptr, bytes, allocated, reserved});
+  }
+  void reportOutOfMemory(int64_t bytes, size_t allocated, size_t reserved, c10::Device) override {
+    ooms.push_back({nullptr, bytes, allocated, reserved});
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+};
+}  // namespace
+
+TEST_CASE("torch's profiler is told of every allocation, free and out of memory") {
+  auto a = make("budget:64MiB");
+  auto record = std::make_shared<profiler_record>();
+  {
+    const c10::DebugInfoGuard profiling(c10::DebugInfoKind::PROFILER_STATE, record);
+    void* p = a->raw_alloc(1000);      // a 1024-byte block of a 2 MiB segment
+    void* q = a->raw_alloc(3 * MiB);   // a 20 MiB segment
+    a->raw_delete(p);
+    CHECK_THROWS_AS(a->raw_alloc(128 * MiB), c10::OutOfMemoryError);
+    a->raw_delete(q);
+  }
+  void* unrecorded = a->raw_alloc(1000);  // the profiler has stopped: nothing more
+  a->raw_delete(unrecorded);
+  REQUIRE(record->uses.size() == 4);
+  const auto& u = record->uses;
+  CHECK(u[0].bytes == 1024);  // the block's rounded size, as PyTorch's allocator reports
+  CHECK(u[0].allocated == 1024);
+  CHECK(u[0].reserved == 2 * MiB);
+  CHECK(u[1].bytes == static_cast<std::int64_t>(3 * MiB));
+  CHECK(u[1].allocated == 1024 + 3 * MiB);
+  CHECK(u[1].reserved == 22 * MiB);
+  CHECK(u[2].ptr == u[0].ptr);
+  CHECK(u[2].bytes == -1024);
+  CHECK(u[2].allocated == 3 * MiB);
+  CHECK(u[3].ptr == u[1].ptr);
+  CHECK(u[3].bytes == -static_cast<std::int64_t>(3 * MiB));
+  CHECK(u[3].allocated == 0);
+  REQUIRE(record->ooms.size() == 1);
+  CHECK(record->ooms[0].bytes == static_cast<std::int64_t>(128 * MiB));
+  CHECK(record->ooms[0].allocated == 3 * MiB);
 }
 
 TEST_CASE("cacheInfo, empty_cache, memory info, memory fraction") {

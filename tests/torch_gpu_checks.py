@@ -19,9 +19,9 @@ Cases
               (measured first under spillway without a budget), with activations() and checkpoint
               segments under the allocator's pressure, hybrid, and at 50% also spill-only and
               drop-only: must complete; step time and peak reported.
-- tooling:    memory_stats (torch.cuda and torch.accelerator), memory_summary, _snapshot with
-              history (segment events included), empty_cache and the cudnn benchmark under
-              spillway.
+- tooling:    memory_stats (torch.cuda and torch.accelerator), the profiler's CUDA memory,
+              memory_summary, _snapshot with history (segment events included), empty_cache and
+              the cudnn benchmark under spillway.
 - leaks:      --steps training steps; allocated bytes after the last equal those after step 2.
 - preload:    a PyTorch training script under LD_PRELOAD=libspillway_preload.so with
               PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (needs SPILLWAY_PRELOAD_LIB).
@@ -244,6 +244,11 @@ def case_tooling(tmp):
         stats = torch.cuda.memory_stats(); assert stats["allocated_bytes.all.current"] > 0
         # torch.accelerator asks c10's CUDA allocator (at::getDeviceAllocator): spillway too.
         assert torch.accelerator.memory_allocated() == torch.cuda.memory_allocated() > 0
+        # torch's profiler sees CUDA memory (spillway reports it, as PyTorch's allocator does).
+        from torch.profiler import profile, ProfilerActivity
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], profile_memory=True) as prof:
+            y = torch.empty(1 << 20, device="cuda") + 1; del y
+        assert any(e.device_memory_usage > 0 for e in prof.key_averages()), prof.key_averages()
         assert "memory summary" in torch.cuda.memory_summary()
         snap = torch.cuda.memory._snapshot(); assert snap["segments"] and snap["device_traces"][0]
         # Frees carry their sizes and complete (PyTorch's memory viewer rebuilds blocks from them).

@@ -127,7 +127,25 @@ void* torch_allocator::allocate_on(c10::DeviceIndex device, size_t nbytes, strea
     devices_->deallocate(ptr);
     throw;
   }
+  if (c10::memoryProfilingEnabled()) [[unlikely]] {
+    try {
+      report_to_profiler(d, ptr, static_cast<std::int64_t>(d.describe(ptr).size));
+    } catch (...) {  // not live any more: another thread freed it already
+    }
+  }
   return ptr;
+}
+
+void torch_allocator::report_to_profiler(const device_allocator& d, void* ptr,
+                                         std::int64_t bytes) noexcept {
+  try {
+    const memory_stats s = d.stats();
+    c10::reportMemoryUsageToProfiler(
+        ptr, bytes, static_cast<std::size_t>(s.allocated_bytes[0].current),
+        static_cast<std::size_t>(s.reserved_bytes[0].current),
+        c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(d.device())));
+  } catch (...) {  // the profiler's record is not worth an allocation or a free
+  }
 }
 
 // What out of memory reports for a request over what any device could hold: the device as it
@@ -170,6 +188,10 @@ void torch_allocator::fail_out_of_memory(c10::DeviceIndex device, stream_ref str
   }
   for (const auto& observer : observers) {
     observer(device, d.rounded, allowed, d.device_free);
+  }
+  if (c10::memoryProfilingEnabled()) [[unlikely]] {
+    c10::reportOutOfMemoryToProfiler(static_cast<std::int64_t>(d.rounded), d.allocated, d.reserved,
+                                     c10::Device(c10::DeviceType::CUDA, device));
   }
   TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. ", error.what());
 }
@@ -215,8 +237,19 @@ free_result torch_allocator::release(void* ptr) noexcept {
   if (other_device_use_count_.load(std::memory_order_acquire) > 0) [[unlikely]] {
     if (!order_after_other_devices(ptr)) return free_result::freed;  // kept: see there
   }
+  std::int64_t profiled_bytes = 0;  // the block's size, for the profiler (which wants it negative)
+  if (c10::memoryProfilingEnabled()) [[unlikely]] {
+    if (holder == nullptr) holder = devices_->owner_of(ptr);
+    try {
+      if (holder != nullptr) profiled_bytes = static_cast<std::int64_t>(holder->describe(ptr).size);
+    } catch (...) {  // not live: a double free, reported below
+    }
+  }
   const free_result result = devices_->deallocate(ptr, &holder);  // a double free is reported there
   if (result == free_result::foreign) return result;
+  if (profiled_bytes != 0 && (result == free_result::freed || result == free_result::deferred)) {
+    report_to_profiler(*holder, ptr, -profiled_bytes);  // deferred too: no longer allocated
+  }
   try {
     if (!enabled_) holder->empty_cache();
   } catch (...) {

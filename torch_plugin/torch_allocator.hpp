@@ -27,6 +27,9 @@
 //   A request over what any device could hold counts in
 //   num_ooms, as in PyTorch.
 //   getMemoryInfo reports what cudaMemGetInfo reports under spillway: total = the budget.
+//   While torch's profiler records memory (profile_memory, the memory timeline), every
+//   allocation, free and out of memory is reported to it with the device's allocated and
+//   reserved bytes, as PyTorch's allocator reports them (the block's rounded size).
 // - Not supported, each failing with a NotImplementedError that names the feature: CUDA graph
 //   private pools (beginAllocateToPool, setCheckpointPoolState, torch.cuda.MemPool) and CUDA IPC
 //   (shareIpcHandle / getIpcDevPtr). releasePool and endAllocateToPool for a pool that was never
@@ -39,6 +42,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -149,6 +153,9 @@ class torch_allocator final : public c10::cuda::CUDACachingAllocator::CUDAAlloca
                                        const out_of_memory& error,
                                        std::shared_ptr<c10::GatheredContext> context);
   out_of_memory::details oversized_details(const device_allocator& d, std::size_t nbytes) const;
+  // To torch's profiler, when it records memory: `bytes` (negative for a free) at ptr, with the
+  // device's allocated and reserved bytes now.
+  static void report_to_profiler(const device_allocator& d, void* ptr, std::int64_t bytes) noexcept;
   bool order_after_other_devices(void* ptr) noexcept;
   // snapshot(): one device's segments, then its SNAPSHOT history entry.
   void append_segments(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
