@@ -7,7 +7,8 @@
 // thread's free, even a tensor deleter's, gets through while it runs); a failed record frees the
 // allocation and leaves the trace paired; trackers see every event; segment events
 // (SEGMENT_ALLOC/FREE/MAP/UNMAP) with the context of the call that caused them; each snapshot
-// leaves a SNAPSHOT entry with the active bytes it listed, in the next snapshot's trace.
+// leaves a SNAPSHOT entry with the active bytes it listed, in the next snapshot's trace; entries
+// carry the compile context and user metadata, and annotations reach the snapshot.
 #include <doctest/doctest.h>
 
 #include <c10/util/Exception.h>
@@ -212,6 +213,50 @@ TEST_CASE("trace trackers see every event, segments' included") {
   CHECK(events[0].size_ == 2 * MiB);
   CHECK(events[4].addr_ == events[0].addr_);
   CHECK(events[4].size_ == events[0].size_);
+}
+
+TEST_CASE("compile contexts, user metadata and annotations, as PyTorch's allocator keeps them") {
+  auto a = make();
+  std::string compiled = "graph 1";
+  a->pushCompileContext(compiled);  // history off: not kept
+  a->setUserMetadata("step 7");     // kept whether or not history is on
+  CHECK(a->getUserMetadata() == "step 7");
+  a->recordAnnotation({{"stage", "ignored"}});
+  a->recordHistory(true, nullptr, 100, cca::RecordContext::NEVER, true, {});
+  a->raw_delete(a->raw_alloc(MiB));
+  a->pushCompileContext(compiled);
+  a->recordAnnotation({{"stage", "forward"}, {"name", "fc1"}});
+  void* p = a->raw_alloc(MiB);
+  a->popCompileContext();
+  a->setUserMetadata("");
+  a->raw_delete(p);
+  a->popCompileContext();  // an empty stack: nothing to do
+  const cca::SnapshotInfo snap = a->snapshot();
+  const auto& trace = snap.device_traces.at(0);
+  REQUIRE(trace.size() >= 6);
+  CHECK(trace[0].action_ == TraceAction::SEGMENT_ALLOC);
+  CHECK(trace[0].compile_context_ == "N/A");  // PyTorch's word for none
+  CHECK(trace[0].user_metadata_ == "step 7");
+  std::vector<const c10::CachingDeviceAllocator::TraceEntry*> allocs, frees;
+  for (const auto& e : trace) {
+    if (e.action_ == TraceAction::ALLOC) allocs.push_back(&e);
+    if (e.action_ == TraceAction::FREE_REQUESTED) frees.push_back(&e);
+  }
+  REQUIRE(allocs.size() == 2);
+  REQUIRE(frees.size() == 2);
+  CHECK(allocs[0]->compile_context_ == "N/A");
+  CHECK(allocs[1]->compile_context_ == "graph 1");  // the second allocation, in the context
+  CHECK(allocs[1]->user_metadata_ == "step 7");
+  CHECK(frees[1]->compile_context_ == "N/A");      // its free, after the pop and the new metadata
+  CHECK(frees[1]->user_metadata_.empty());
+  REQUIRE(snap.external_annotations.size() == 1);  // the one made while history was on
+  const auto& note = snap.external_annotations[0];
+  CHECK(note.device_ == 0);
+  CHECK(note.metadata_.at("stage") == "forward");
+  CHECK(note.metadata_.at("name") == "fc1");
+  CHECK(note.time_.t_ >= trace.front().time_.t_);
+  a->recordHistory(true, nullptr, 100, cca::RecordContext::NEVER, false, {});
+  CHECK(a->snapshot().external_annotations.empty());  // every recordHistory call empties them
 }
 
 TEST_CASE("each snapshot leaves a SNAPSHOT entry with the active bytes, for the next trace and trackers") {

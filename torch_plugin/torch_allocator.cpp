@@ -454,6 +454,24 @@ void torch_allocator::recordHistory(bool enabled,
                      skip_actions);
 }
 
+void torch_allocator::recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) {
+  history_.record_annotation(context_.current_device(), md);
+}
+
+void torch_allocator::pushCompileContext(std::string& md) {
+  history_.push_compile_context(context_.current_device(), md);
+}
+
+void torch_allocator::popCompileContext() { history_.pop_compile_context(context_.current_device()); }
+
+void torch_allocator::setUserMetadata(const std::string& metadata) {
+  history_.set_user_metadata(context_.current_device(), metadata);
+}
+
+std::string torch_allocator::getUserMetadata() {
+  return history_.user_metadata(context_.current_device());
+}
+
 void torch_allocator::attachOutOfMemoryObserver(
     c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) {
   std::lock_guard lock(observers_mutex_);

@@ -20,7 +20,8 @@
 //   headroom and the largest cached block), getBaseAllocation, recordStream, memory history
 //   (allocations; free requests and completions, a completion when the block may be handed out
 //   again, with the allocation's requested size and stream; segments reserved, released, mapped
-//   and unmapped; the contexts torch's recorder gathers, outside any lock) and trace trackers
+//   and unmapped; the contexts torch's recorder gathers, outside any lock; compile contexts,
+//   user metadata and annotations) and trace trackers
 //   map one to one onto the allocator's. recordStream with a stream of another device (which
 //   the device allocator cannot order after) makes the block's own stream wait for that stream's
 //   work at the free: an event and a stream wait, not a host synchronisation.
@@ -136,6 +137,12 @@ class torch_allocator final : public c10::cuda::CUDACachingAllocator::CUDAAlloca
                      size_t alloc_trace_max_entries,
                      c10::cuda::CUDACachingAllocator::RecordContext when, bool clear_history,
                      const std::vector<std::string>& skip_actions) override;
+  // Of the current device, as PyTorch's allocator keeps them (torch_allocator_history.hpp).
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override;
+  void pushCompileContext(std::string& md) override;
+  void popCompileContext() override;
+  void setUserMetadata(const std::string& metadata) override;
+  std::string getUserMetadata() override;
   void attachOutOfMemoryObserver(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override;
   void attachAllocatorTraceTracker(c10::cuda::CUDACachingAllocator::AllocatorTraceTracker tracker) override;
   void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override;

@@ -31,6 +31,7 @@ void allocation_history::configure(bool enabled, c10::CachingDeviceAllocator::Cr
   if (clear || !enabled) {
     rings_.clear();
   }
+  annotations_.clear();  // as PyTorch's allocator: at every call
   if (!enabled || when_.load() == RecordContext::NEVER) {
     live_contexts_.clear();
     freeing_contexts_.clear();
@@ -170,8 +171,12 @@ void allocation_history::add_releasing_lock(std::unique_lock<std::mutex>& lock, 
     }
   }
 
+  const auto stack = compile_contexts_.find(device);
+  const auto metadata = user_metadata_.find(device);
   TraceEntry entry(what, device, address, size, stream, {0, 0}, c10::getApproximateTime(),
-                   when_.load() >= RecordContext::ALLOC ? std::move(context) : nullptr);
+                   when_.load() >= RecordContext::ALLOC ? std::move(context) : nullptr,
+                   stack == compile_contexts_.end() || stack->second.empty() ? "N/A" : stack->second.back(),
+                   metadata == user_metadata_.end() ? std::string() : metadata->second);
   std::shared_ptr<const tracker_list> trackers = trackers_;
   if (enabled_ && !skipped_[static_cast<std::size_t>(what)] && max_entries_ > 0) {
     auto& ring = rings_[device];
@@ -186,6 +191,47 @@ void allocation_history::add_releasing_lock(std::unique_lock<std::mutex>& lock, 
   if (trackers != nullptr) {
     for (const auto& tracker : *trackers) tracker(entry);
   }
+}
+
+void allocation_history::push_compile_context(c10::DeviceIndex device, std::string context) {
+  std::lock_guard lock(mutex_);
+  if (enabled_) compile_contexts_[device].push_back(std::move(context));
+}
+
+void allocation_history::pop_compile_context(c10::DeviceIndex device) {
+  std::lock_guard lock(mutex_);
+  if (!enabled_) return;
+  auto it = compile_contexts_.find(device);
+  if (it != compile_contexts_.end() && !it->second.empty()) it->second.pop_back();
+}
+
+void allocation_history::set_user_metadata(c10::DeviceIndex device, std::string metadata) {
+  std::lock_guard lock(mutex_);
+  user_metadata_[device] = std::move(metadata);
+}
+
+std::string allocation_history::user_metadata(c10::DeviceIndex device) const {
+  std::lock_guard lock(mutex_);
+  auto it = user_metadata_.find(device);
+  return it == user_metadata_.end() ? std::string() : it->second;
+}
+
+void allocation_history::record_annotation(
+    c10::DeviceIndex device, const std::vector<std::pair<std::string, std::string>>& metadata) {
+  c10::CachingDeviceAllocator::AnnotationEntry entry(device, c10::getApproximateTime());
+  for (const auto& [name, value] : metadata) entry.recordUserMetadata(name, value);
+  std::lock_guard lock(mutex_);
+  if (!enabled_ || max_entries_ == 0) return;
+  if (annotations_.size() == max_entries_) annotations_.pop_front();
+  annotations_.push_back(std::move(entry));
+}
+
+std::vector<c10::CachingDeviceAllocator::AnnotationEntry> allocation_history::annotations() const {
+  std::lock_guard lock(mutex_);
+  std::vector<c10::CachingDeviceAllocator::AnnotationEntry> out(annotations_.begin(), annotations_.end());
+  const auto to_ns = clock_.makeConverter();
+  for (auto& e : out) e.time_.t_ = to_ns(e.time_.approx_t_) / 1000;  // time_us, as the traces'
+  return out;
 }
 
 std::vector<TraceEntry> allocation_history::entries(c10::DeviceIndex device) const {

@@ -13,6 +13,11 @@
 //   SEGMENT_FREE without one carries its SEGMENT_ALLOC's (segment_context gives that to the
 //   snapshot); other segment events without one carry none.
 // - Every attached tracker sees every entry, enabled or not, as PyTorch's allocator does.
+// - As in PyTorch's allocator: each entry carries its device's compile context (the top of the
+//   stack that push/pop_compile_context keep while history is enabled; "N/A" when empty) and its
+//   user metadata (set_user_metadata, kept whether or not history is enabled); annotations
+//   (record_annotation, while enabled) go to a ring of at most max_entries for every device,
+//   emptied by each configure(), and come back from annotations().
 // - Contexts follow PyTorch's allocator: an allocation's (RecordContext STATE or more) is kept for
 //   the snapshot's BlockInfo::context_when_allocated; a free's entries carry the context gathered
 //   at the free (ALL) or else the allocation's; entries carry contexts only with ALLOC or more.
@@ -38,6 +43,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "spillway/allocator_config.hpp"
@@ -97,7 +103,15 @@ class allocation_history {
     bool open_ = true;
   };
 
+  void push_compile_context(c10::DeviceIndex device, std::string context);
+  void pop_compile_context(c10::DeviceIndex device);
+  void set_user_metadata(c10::DeviceIndex device, std::string metadata);
+  std::string user_metadata(c10::DeviceIndex device) const;
+  void record_annotation(c10::DeviceIndex device,
+                         const std::vector<std::pair<std::string, std::string>>& metadata);
+
   std::vector<c10::CachingDeviceAllocator::TraceEntry> entries(c10::DeviceIndex device) const;
+  std::vector<c10::CachingDeviceAllocator::AnnotationEntry> annotations() const;
   std::shared_ptr<c10::GatheredContext> context_of(const void* ptr) const;
   // The context of the fixed segment at `address` (its SEGMENT_ALLOC's), while it is reserved.
   std::shared_ptr<c10::GatheredContext> segment_context(const void* address) const;
@@ -120,6 +134,9 @@ class allocation_history {
   std::size_t max_entries_ = 0;
   std::vector<bool> skipped_;  // by action
   std::unordered_map<c10::DeviceIndex, std::deque<c10::CachingDeviceAllocator::TraceEntry>> rings_;
+  std::deque<c10::CachingDeviceAllocator::AnnotationEntry> annotations_;  // every device's
+  std::unordered_map<c10::DeviceIndex, std::vector<std::string>> compile_contexts_;  // stacks
+  std::unordered_map<c10::DeviceIndex, std::string> user_metadata_;
   std::unordered_map<const void*, std::shared_ptr<c10::GatheredContext>> live_contexts_;
   // Between a free's request and its completion: the context its entries carry.
   std::unordered_map<const void*, std::shared_ptr<c10::GatheredContext>> freeing_contexts_;

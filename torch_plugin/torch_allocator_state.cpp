@@ -109,6 +109,7 @@ cca::SnapshotInfo torch_allocator::snapshot(c10::MempoolId_t mempool_id, bool in
     if (include_traces) out.device_traces[static_cast<std::size_t>(i)] = history_.entries(device);
     append_segments(device, mempool_id, out.segments);
   }
+  if (include_traces) out.external_annotations = history_.annotations();
   cca::AllocatorConfigInfo& cfg = out.config_metadata;
   cfg.garbage_collection_threshold = 0.0;
   cfg.max_split_size = config_.allocator.max_split_size;  // no_split_limit is SIZE_MAX, as PyTorch's
