@@ -6,9 +6,11 @@
 //   becomes PyTorch's CUDA allocator (torch_allocator.hpp); with backend "sim" it is a detached
 //   allocator on the simulated device that torch never uses (tests and tools drive it through
 //   raw_alloc / raw_free), because no CUDA kernel can run on simulated memory.
-// - Errors become Python exceptions by kind: invalid input ValueError, a bad device index
-//   IndexError, out of memory torch.OutOfMemoryError, an unsupported feature NotImplementedError,
-//   anything else RuntimeError. Messages are spillway's, which name the value and what was expected.
+// - Errors become Python exceptions by kind: invalid input ValueError (a bad device index given to
+//   spillway's own functions, set_budget or stats, included), a bad device index given to torch's
+//   allocator interface IndexError, out of memory torch.OutOfMemoryError, an unsupported feature
+//   NotImplementedError, anything else RuntimeError. Messages are spillway's, which name the value
+//   and what was expected.
 // - ActivationManager: activation_manager.hpp for spillway.activations(). Every method releases
 //   the GIL before it takes the manager's lock, and replays take it back to run Python: a thread
 //   that waits for the lock never holds the GIL, so the two cannot deadlock.
