@@ -165,9 +165,11 @@ struct engine_env {
   stream_ref stream(std::size_t i = 0) const { return streams.at(i); }
   eviction_engine& eng() const { return *engine; }
 
-  // Kernel failures and pressure handler failures (reported by the allocator through on_warning).
+  // Kernel failures, pressure handler failures (reported by the allocator through on_warning),
+  // and releases of device or pinned memory that was not live (a double release).
   void check_clean() const {
     for (const std::string& f : log.failures()) FAIL_CHECK("kernel: " << f);
+    CHECK(sim->counters().invalid_releases == 0);
     for (const std::string& w : warnings.messages()) {
       CHECK_MESSAGE(!contains(w, "pressure handler"), w);
     }

@@ -129,6 +129,38 @@ TEST_CASE("segments: segment_reserve_latency_ns moves the manual clock") {
   CHECK(dev.now_ns() == 5000);
   dev.release_segment(p, k_mib);
   CHECK(dev.now_ns() == 10000);
+  CHECK(dev.counters().invalid_releases == 0);
+}
+
+TEST_CASE("releasing what is not live changes nothing, costs nothing and is counted") {
+  sim_config c = test_config();
+  c.segment_reserve_latency_ns = 5000;
+  c.page_map_latency_ns = 700;
+  sim_device dev(c);
+  void* p = dev.reserve_segment(k_mib);
+  void* q = dev.reserve_segment(k_mib);
+  REQUIRE(p != nullptr);
+  REQUIRE(q != nullptr);
+  dev.release_segment(p, k_mib);
+  const std::uint64_t t = dev.now_ns();
+  dev.release_segment(p, k_mib);                                 // twice
+  dev.release_segment(static_cast<char*>(q) + 512, k_mib);       // inside a live one
+  CHECK(dev.now_ns() == t);
+  CHECK(dev.counters().invalid_releases == 2);
+  CHECK(dev.counters().segments_released == 1);
+  CHECK(dev.counters().used_bytes == k_mib);  // q is still there
+  auto* base = static_cast<std::uint8_t*>(dev.reserve_address_range(4 * k_gran));
+  REQUIRE(base != nullptr);
+  dev.unmap_physical(base, k_gran);  // nothing mapped there: no driver time
+  CHECK(dev.now_ns() == t);
+  dev.release_address_range(base, 4 * k_gran);
+  dev.release_address_range(base, 4 * k_gran);
+  void* host = dev.allocate_pinned_host(4096);
+  REQUIRE(host != nullptr);
+  dev.free_pinned_host(host, 4096);
+  dev.free_pinned_host(host, 4096);
+  CHECK(dev.counters().invalid_releases == 4);
+  dev.release_segment(q, k_mib);
 }
 
 TEST_CASE("vmm and sync: page_map_latency_ns and device_sync_latency_ns move the manual clock") {

@@ -109,8 +109,8 @@ void* sim_device::reserve_segment(std::size_t bytes) {
 void sim_device::release_segment(void* ptr, std::size_t) noexcept {
   if (ptr == nullptr) return;
   std::lock_guard lock(state_->mutex);
-  state_->memory.release_segment(ptr);
-  state_->scheduler.skip_clock(state_->config.segment_reserve_latency_ns);
+  // The driver's time for a release that was made; one refused (not a live segment) costs none.
+  if (state_->memory.release_segment(ptr)) state_->scheduler.skip_clock(state_->config.segment_reserve_latency_ns);
 }
 
 void sim_device::synchronize_device() {
@@ -145,8 +145,7 @@ bool sim_device::map_physical(void* addr, std::size_t bytes) {
 
 void sim_device::unmap_physical(void* addr, std::size_t bytes) noexcept {
   std::lock_guard lock(state_->mutex);
-  state_->memory.unmap(addr, bytes);
-  state_->scheduler.skip_clock(state_->config.page_map_latency_ns);
+  if (state_->memory.unmap(addr, bytes) > 0) state_->scheduler.skip_clock(state_->config.page_map_latency_ns);
 }
 
 // --- streams and events ----------------------------------------------------------------------------

@@ -62,14 +62,18 @@ void* sim_memory::reserve_segment(std::size_t bytes) noexcept {
   return ptr;
 }
 
-void sim_memory::release_segment(void* ptr) noexcept {
+bool sim_memory::release_segment(void* ptr) noexcept {
   auto it = segments_.find(ptr);
-  if (it == segments_.end()) return;
+  if (it == segments_.end()) {
+    ++counters_.invalid_releases;  // cudaFree would fail: counted for tests
+    return false;
+  }
   // The size we mapped, whatever the caller passes.
   if (!return_to_arena(ptr, it->second)) ::munmap(ptr, it->second);
   uncount_device(it->second);
   ++counters_.segments_released;
   segments_.erase(it);
+  return true;
 }
 
 // The lowest free range of the arena that holds `bytes`, made read/write (fresh zero pages).
@@ -175,13 +179,17 @@ void* sim_memory::reserve_address_range(std::size_t bytes) {
   return reinterpret_cast<void*>(base);
 }
 
-void sim_memory::release_address_range(void* base) noexcept {
+bool sim_memory::release_address_range(void* base) noexcept {
   auto it = ranges_.find(reinterpret_cast<std::uintptr_t>(base));
-  if (it == ranges_.end()) return;
+  if (it == ranges_.end()) {
+    ++counters_.invalid_releases;
+    return false;
+  }
   address_range& range = it->second;
   unmap_pages(it->first, range, 0, range.mapped.size());  // CUDA wants this done first; we forgive
   ::munmap(base, range.bytes);
   ranges_.erase(it);
+  return true;
 }
 
 void sim_memory::check_map(const void* addr, std::size_t bytes) const {
@@ -216,19 +224,21 @@ bool sim_memory::map(void* addr, std::size_t bytes) noexcept {
   return true;
 }
 
-void sim_memory::unmap(void* addr, std::size_t bytes) noexcept {
+std::size_t sim_memory::unmap(void* addr, std::size_t bytes) noexcept {
   const std::size_t g = config_.vmm_granularity;
   const auto a = reinterpret_cast<std::uintptr_t>(addr);
-  if (g == 0 || bytes == 0) return;
+  if (g == 0 || bytes == 0) return 0;
   if (a % g != 0 || bytes % g != 0) {
     ++counters_.misaligned_unmaps;  // cuMemUnmap refuses it and changes nothing: counted for tests
-    return;
+    return 0;
   }
   std::uintptr_t base = 0;
   address_range* range = find_range(a, bytes, &base);
-  if (range == nullptr) return;
+  if (range == nullptr) return 0;
   const std::size_t first = (a - base) / g;
+  const std::uint64_t before = counters_.pages_unmapped;
   unmap_pages(base, *range, first, first + bytes / g);
+  return static_cast<std::size_t>(counters_.pages_unmapped - before);
 }
 
 // Unmaps the mapped pages in [first, last), one system call per run of mapped pages.
@@ -289,12 +299,16 @@ void* sim_memory::allocate_pinned(std::size_t bytes) noexcept {
   return ptr;
 }
 
-void sim_memory::free_pinned(void* ptr) noexcept {
+bool sim_memory::free_pinned(void* ptr) noexcept {
   auto it = pinned_.find(ptr);
-  if (it == pinned_.end()) return;
+  if (it == pinned_.end()) {
+    ++counters_.invalid_releases;
+    return false;
+  }
   ::munmap(ptr, it->second);
   counters_.pinned_used_bytes -= it->second;
   pinned_.erase(it);
+  return true;
 }
 
 // --- accounting ------------------------------------------------------------------------------------

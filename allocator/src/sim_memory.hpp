@@ -45,16 +45,16 @@ class sim_memory {
   sim_memory& operator=(const sim_memory&) = delete;
 
   void* reserve_segment(std::size_t bytes) noexcept;  // nullptr: over capacity or no mmap
-  void release_segment(void* ptr) noexcept;           // unknown pointers are ignored
+  bool release_segment(void* ptr) noexcept;  // false (ignored, counted) for an unknown pointer
 
   void* reserve_address_range(std::size_t bytes);  // invalid_argument: VMM off or size unaligned
-  void release_address_range(void* base) noexcept;  // also uncounts pages still mapped in it
+  bool release_address_range(void* base) noexcept;  // also uncounts pages still mapped in it
   void check_map(const void* addr, std::size_t bytes) const;
   bool map(void* addr, std::size_t bytes) noexcept;  // after check_map(); false: no memory
-  void unmap(void* addr, std::size_t bytes) noexcept;
+  std::size_t unmap(void* addr, std::size_t bytes) noexcept;  // pages unmapped
 
   void* allocate_pinned(std::size_t bytes) noexcept;  // nullptr: over capacity or no mmap
-  void free_pinned(void* ptr) noexcept;
+  bool free_pinned(void* ptr) noexcept;
 
  private:
   struct address_range {

@@ -63,7 +63,10 @@
 //   unaligned, or over a page already mapped. unmap_physical skips pages that are not mapped
 //   and, being noexcept, counts a call not in whole granules (counters().misaligned_unmaps: CUDA
 //   would refuse it) and, as CUDA, changes nothing for it; release_address_range also unmaps
-//   pages still mapped.
+//   pages still mapped. Releasing what is not live (release_segment, release_address_range,
+//   free_pinned_host: a double release, a pointer never handed out) changes nothing and is
+//   counted (counters().invalid_releases), so that tests can catch it. The driver latencies are
+//   charged only for releases and unmaps that were made.
 //   The destructor unmaps everything.
 #pragma once
 
@@ -107,6 +110,9 @@ struct sim_counters {
   std::uint64_t pages_mapped = 0;
   std::uint64_t pages_unmapped = 0;
   std::uint64_t misaligned_unmaps = 0;  // unmap_physical calls not in whole granules
+  // release_segment, release_address_range and free_pinned_host of what is not live (a double
+  // release, a pointer never handed out, one inside a segment): ignored, as CUDA refuses them
+  std::uint64_t invalid_releases = 0;
   std::uint64_t copies = 0;
   std::uint64_t bytes_copied[4] = {0, 0, 0, 0};  // indexed by copy_kind
   std::uint64_t kernels = 0;
