@@ -166,10 +166,12 @@ struct engine_env {
   eviction_engine& eng() const { return *engine; }
 
   // Kernel failures, pressure handler failures (reported by the allocator through on_warning),
-  // and releases of device or pinned memory that was not live (a double release).
+  // releases of device or pinned memory that was not live (a double release), and copies whose
+  // source was written while they ran (a missing stream wait).
   void check_clean() const {
     for (const std::string& f : log.failures()) FAIL_CHECK("kernel: " << f);
     CHECK(sim->counters().invalid_releases == 0);
+    CHECK(sim->counters().copy_sources_changed == 0);
     for (const std::string& w : warnings.messages()) {
       CHECK_MESSAGE(!contains(w, "pressure handler"), w);
     }

@@ -45,6 +45,30 @@ TEST_CASE("copies: the bytes move when the copy completes, not when it is enqueu
   CHECK(dev.now_ns() == 1100);
 }
 
+TEST_CASE("copies: a source written while the copy runs is counted (a missing wait)") {
+  sim_device dev(test_config());
+  segment x(dev, 1000);
+  std::memset(x.ptr, 0, 1000);
+  std::vector<unsigned char> host(1000, 0);
+  const stream_ref a = dev.create_stream(), b = dev.create_stream();
+  SUBCASE("without a wait: the producer ends during the copy") {
+    dev.launch(a, 50, [&] { std::memset(x.ptr, 7, 1000); });
+    dev.copy_async(host.data(), x.ptr, 1000, copy_kind::device_to_host, b);  // no wait on a
+    dev.synchronize_stream(b);
+    CHECK(dev.counters().copy_sources_changed == 1);
+  }
+  SUBCASE("with the wait: the copy starts after the producer") {
+    const event_ref done = dev.create_event();
+    dev.launch(a, 50, [&] { std::memset(x.ptr, 7, 1000); });
+    dev.record_event(done, a);
+    dev.stream_wait_event(b, done);
+    dev.copy_async(host.data(), x.ptr, 1000, copy_kind::device_to_host, b);
+    dev.synchronize_stream(b);
+    CHECK(dev.counters().copy_sources_changed == 0);
+    CHECK(host[0] == 7);
+  }
+}
+
 TEST_CASE("copies: a held stream copies nothing until it is released") {
   sim_device dev(test_config());
   const stream_ref s = dev.create_stream();

@@ -215,7 +215,34 @@ void sim_scheduler::try_start(std::uintptr_t sid, stream& s, std::uint64_t t) {
   }
 }
 
+namespace {
+// A copy's bytes are moved when it completes; on a GPU they are read while it runs. So that a
+// missing wait for the source's producer cannot go unseen when the producer happens to finish
+// first, the source is fingerprinted when the copy starts and again when it completes, and a
+// change is counted (sim_counters::copy_sources_changed). Up to 256 bytes at its start, middle
+// and end (FNV-1a): O(1) per copy, whatever its size.
+std::uint64_t source_fingerprint(const void* src, std::size_t bytes) noexcept {
+  if (src == nullptr || bytes == 0) return 0;
+  const auto* p = static_cast<const unsigned char*>(src);
+  constexpr std::size_t window = 256;
+  std::uint64_t h = 14695981039346656037ull;
+  const auto mix = [&](std::size_t from, std::size_t to) {
+    for (std::size_t i = from; i < to; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  if (bytes <= 3 * window) {
+    mix(0, bytes);
+  } else {
+    mix(0, window);
+    mix(bytes / 2 - window / 2, bytes / 2 + window / 2);
+    mix(bytes - window, bytes);
+  }
+  return h;
+}
+}  // namespace
+
 void sim_scheduler::start_on_engine(std::uintptr_t sid, stream& s, int e, std::uint64_t t) {
+  op& o = s.ops.front();
+  o.source_print = source_fingerprint(o.src, o.bytes);
   engine& en = engines_[e];
   schedule(sid, s, plus(std::max(t, en.free_at), s.ops.front().duration));
   en.busy = true;
@@ -305,6 +332,9 @@ void sim_scheduler::complete_releasing_lock(lock_type& lock, const timed& t) {
   op& o = s.ops.front();
   switch (o.kind) {
     case op_kind::copy: {
+      if (s.engine >= 0 && source_fingerprint(o.src, o.bytes) != o.source_print) {
+        ++counters_.copy_sources_changed;  // written while the copy ran: a missing wait
+      }
       if (o.bytes > 0) std::memmove(o.dst, o.src, o.bytes);  // memmove: d2d copies may overlap
       ++counters_.copies;
       counters_.bytes_copied[static_cast<int>(o.direction)] += o.bytes;

@@ -105,6 +105,7 @@ class sim_scheduler {
     const void* src = nullptr;
     std::size_t bytes = 0;
     std::uint64_t duration = 0;
+    std::uint64_t source_print = 0;  // copy: source_fingerprint when it started
     std::function<void()> effect;
     std::shared_ptr<point> at;  // record: the point it completes; wait: the point it waits for
   };

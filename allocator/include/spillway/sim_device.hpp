@@ -24,7 +24,9 @@
 //   std::logic_error instead of hanging.
 // - Copy engines: one per direction (host_to_device, device_to_host), plus device_to_device at
 //   device bandwidth. A copy takes latency + bytes / bandwidth and occupies its engine, so copies
-//   of different streams in the same direction queue behind each other.
+//   of different streams in the same direction queue behind each other. Its bytes move when it
+//   completes; a source written while it ran (a missing wait on its producer) is counted
+//   (counters().copy_sources_changed), since the bytes moved would not show it.
 // - Pinned host memory with its own capacity.
 // - Fault injection: fail the Nth call (counted from the fail_nth call, 1 = the next) of a site.
 //   A failed segment reservation / page map / pinned allocation returns nullptr / false; a failed
@@ -113,6 +115,9 @@ struct sim_counters {
   // release_segment, release_address_range and free_pinned_host of what is not live (a double
   // release, a pointer never handed out, one inside a segment): ignored, as CUDA refuses them
   std::uint64_t invalid_releases = 0;
+  // copies whose source changed between their start and their completion (sampled: up to 256
+  // bytes at its start, middle and end): written while the copy read it, a missing stream wait
+  std::uint64_t copy_sources_changed = 0;
   std::uint64_t copies = 0;
   std::uint64_t bytes_copied[4] = {0, 0, 0, 0};  // indexed by copy_kind
   std::uint64_t kernels = 0;
