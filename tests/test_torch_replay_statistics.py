@@ -19,13 +19,27 @@ from torch_activation_checks import assert_identical, assert_updated_once, cnn, 
 torch.use_deterministic_algorithms(True)
 
 
+def cnn_and_reference():
+    """A CNN with BatchNorm and dropout, an input, a copy of it stepped once without spillway,
+    and that step's loss and gradients."""
+    torch.manual_seed(0)
+    model = cnn()
+    x = torch.randn(8, 3, 16, 16)
+    plain = copy.deepcopy(model)
+    return model, x, plain, step(plain, x, lambda m, x: m(x))
+
+
 class ReplayStatistics(unittest.TestCase):
+    def check_dropped_and_updated_once(self, model, x, forward, plain, reference):
+        """A step of `forward` (which keeps its manager as forward.acts) recomputed something and
+        gave the plain step's results, statistics included."""
+        got = step(model, x, forward)
+        assert_identical(self, reference, got)
+        self.assertGreater(forward.acts.stats()["recomputes"], 0)
+        assert_updated_once(self, plain, model)
+
     def test_cnn_with_batchnorm_and_dropout(self):
-        torch.manual_seed(0)
-        model = cnn()
-        x = torch.randn(8, 3, 16, 16)
-        plain = copy.deepcopy(model)
-        reference = step(plain, x, lambda m, x: m(x))
+        model, x, plain, reference = cnn_and_reference()
 
         wrapped = spillway.Sequential(model, segments=3)
 
@@ -34,19 +48,12 @@ class ReplayStatistics(unittest.TestCase):
                 y = wrapped(x)
             forward.acts = acts
             return y
-        got = step(model, x, forward)
-        assert_identical(self, reference, got)
-        self.assertGreater(forward.acts.stats()["recomputes"], 0)
-        assert_updated_once(self, plain, model)
+        self.check_dropped_and_updated_once(model, x, forward, plain, reference)
 
     def test_batchnorm_reached_through_a_lambda_or_partial_is_updated_once(self):
         # fn is no Module nor a bound method of one: the BatchNorm modules it calls are found as
         # the replay calls them.
-        torch.manual_seed(0)
-        model = cnn()
-        x = torch.randn(8, 3, 16, 16)
-        plain = copy.deepcopy(model)
-        reference = step(plain, x, lambda m, x: m(x))
+        model, x, plain, reference = cnn_and_reference()
 
         def run(block, t):
             return block(t)
@@ -58,10 +65,7 @@ class ReplayStatistics(unittest.TestCase):
                 y = spillway.checkpoint(lambda t: m[7:](t), h)
             forward.acts = acts
             return y
-        got = step(model, x, forward)
-        assert_identical(self, reference, got)
-        self.assertGreater(forward.acts.stats()["recomputes"], 0)
-        assert_updated_once(self, plain, model)
+        self.check_dropped_and_updated_once(model, x, forward, plain, reference)
         # The global hook that found them is gone with the last replay (it slows every module call).
         self.assertEqual(len(torch.nn.modules.module._global_forward_pre_hooks), 0)
 
