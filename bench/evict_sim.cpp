@@ -208,6 +208,12 @@ std::string device_line(const options& o) {
     << static_cast<double>(o.base.sync_latency_ns) / 1000 << " us";
   if (o.base.warmup_steps > 0) {
     s << "; measured: step " << o.base.warmup_steps + 1 << ", next uses predicted from the step before";
+  } else if (o.base.driver_latency_ns > 0 || o.base.sync_latency_ns > 0) {
+    // From a cold allocator the step pays its first segment reserves, the baseline's included: the
+    // overheads are then over a baseline that is more than the ops' time. --warmup-steps 1
+    // measures a warmed step.
+    s << "; measured: the first step, from a cold allocator whose first reserves the baseline pays "
+         "too (--warmup-steps 1 for a warmed step)";
   }
   s << "); host " << std::thread::hardware_concurrency() << " cores; decision times are host wall time";
   return s.str();

@@ -20,14 +20,14 @@
 //   Backward ops are attributed to the latest stage whose buffers they read (this only splits
 //   backward_cost between stages; it changes total_cost, never extra_cost); backward overheads are 0.
 // - Sizes are rounded as the allocator rounds them (512 bytes). Parameters (initial and produced)
-//   and constants are outside rotor's model: `fixed_bytes` is the most of them alive at once (each
-//   from its producer, or the start, to its release, or the end), held for the whole step. rotor's
-//   budget at a device budget B is B - fixed_bytes. input_bytes is 0: the first stage reads
-//   parameters.
-// rotor's model is exact for the synthetic mlp (one op per stage, no transients). Elsewhere it is an
-// approximation: it favours rotor with no fragmentation, no segment granularity and no backward
-// temporaries, and disfavours it by holding the gradients the backward produces (at their peak
-// with the parameters) from the step's start.
+//   and constants are outside rotor's model: `fixed_bytes` is the most of them alive at once in
+//   the forward (each from its producer, or the start, to its release, or the end), held for the
+//   whole step; gradients the backward produces are not charged. rotor's budget at a device
+//   budget B is B - fixed_bytes. input_bytes is 0: the first stage reads parameters.
+// rotor's model is exact for the synthetic mlp (one op per stage, no transients, its gradients
+// preallocated). Elsewhere it favours rotor: no fragmentation, no segment granularity, no backward
+// temporaries, and no room taken by the gradients the backward produces; its figures are then a
+// lower bound, not a schedule the engine could run.
 #pragma once
 
 #include <cstddef>
@@ -44,6 +44,10 @@ struct chain_model {
   std::string why;                    // when !ok: why the trace is not a chain
   eviction::chain chain;
   std::size_t fixed_bytes = 0;        // parameters and constants, rounded
+  // The most bytes of parameters produced in the backward (gradients) alive at once: memory the
+  // engine holds that rotor's model leaves out. 0 for the synthetic traces (their gradients are
+  // preallocated parameters), where rotor's model is exact.
+  std::size_t backward_param_bytes = 0;
   std::vector<std::size_t> stage_last_op;  // the last forward op of each stage
 };
 

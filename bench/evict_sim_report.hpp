@@ -53,8 +53,9 @@ struct trace_report {
 };
 
 // For chain traces: at each ratio whose budget is at least rotor's minimum, the best drop-only
-// run's extra compute over rotor's. met: <= 1.15 everywhere (an OOM there is a miss). Empty
-// when rotor was not computed or no drop-only run was asked for.
+// run's time added to the baseline (its recomputes, and the stalls of compaction's moves) over
+// rotor's extra compute. met: <= 1.15 everywhere (an OOM, an error or a corrupt run there is
+// none). Empty when rotor was not computed or no drop-only run was asked for.
 // The chain target at one ratio. rotor's plan rounds sizes up to its memory slots, so its extra
 // compute may exceed the true optimum's; rotor_bound_ns (sizes rounded down) may not be reached
 // by any persistent schedule. The true optimum lies between: factor_vs_bound is the stricter
@@ -67,10 +68,14 @@ struct chain_target {
   double rotor_bound_ns = 0;
   bool rotor_fallback = false;
   std::string best;          // label of the best drop-only run ("" if none finished)
-  double best_extra_ns = 0;
+  double best_added_ns = 0;  // its time - the baseline's
   double factor = 0;         // best / rotor (1 when both are 0; inf when rotor is 0 and best is not)
   double factor_vs_bound = 0;  // best / rotor_bound_ns, the same way
   bool met = false;          // factor (factor_vs_bound for a fallback) <= the limit
+  // Only where rotor's model holds what the engine holds: not when the backward produces
+  // parameters (gradients) that rotor's model leaves out (chain_model::backward_param_bytes);
+  // rotor's figure is then a lower bound the engine cannot reach, reported but not judged.
+  bool judged = true;
 };
 std::vector<chain_target> chain_targets(const trace_report& r, double limit = 1.15);
 

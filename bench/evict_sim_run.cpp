@@ -201,6 +201,8 @@ class replayer {
       r.ok = true;
     } catch (const spillway::out_of_memory& e) {
       if (c_.oom_layout && alloc_) print_layout(r.ops_done);
+      // The decisions of the op that failed, in the measured step (the median counts them too).
+      if (engine_ && !warming_up_) sample_decisions(r, false);
       r.out_of_memory = true;
       r.failure = "out of memory at op " + std::to_string(r.ops_done) + where(r.ops_done) + ": " + first_line(e.what());
     } catch (const std::exception& e) {

@@ -27,10 +27,12 @@
 using namespace spillway;
 using namespace spillway::op_trace;
 
-TEST_CASE("rotor's fixed memory: the most parameter bytes alive at once, not every version") {
+TEST_CASE("rotor's fixed memory: the parameter bytes alive in the forward, not what the backward makes") {
   // w1 (4 KiB) lives from the start; the backward replaces it twice in place (an optimizer's
-  // new versions w2, then w3), each old version released after the op that wrote the new one. At
-  // most two versions are alive at once; the sum of all three is no schedule's memory.
+  // new versions w2, then w3), each old version released after the op that wrote the new one.
+  // The sum of all three is no schedule's memory; the two alive at once in the backward would
+  // give rotor less room than the engine has in the forward. rotor is charged w1 alone: its room
+  // is at least the engine's throughout, and its figures stay a lower bound.
   const trace_data t = parse_op_trace("# spillway-op-trace v1 model=tiny source=hand\n"
                                       "b 1 4096 param\n"
                                       "b 2 1024\n"
@@ -49,7 +51,8 @@ TEST_CASE("rotor's fixed memory: the most parameter bytes alive at once, not eve
                                       "fixed.optrace");
   const evsim::chain_model c = evsim::extract_chain(t, compute_liveness(t));
   REQUIRE_MESSAGE(c.ok, c.why);
-  CHECK(c.fixed_bytes == 2 * 4096);
+  CHECK(c.fixed_bytes == 4096);
+  CHECK(c.backward_param_bytes == 2 * 4096);  // w2 and w3, at step_b: what rotor leaves out
 }
 
 TEST_CASE("an MLP trace is a chain: one stage per layer plus the loss") {
@@ -64,6 +67,7 @@ TEST_CASE("an MLP trace is a chain: one stage per layer plus the loss") {
   std::size_t params = 0;
   for (const buffer& b : t.buffers) params += b.param ? size_classes::round_size(b.bytes) : 0;
   CHECK(c.fixed_bytes == params);
+  CHECK(c.backward_param_bytes == 0);  // gradients preallocated: rotor's model is exact
   for (std::size_t i = 0; i < 5; ++i) {
     CAPTURE(i);
     const std::uint32_t x = t.ops[i].outputs.front();
@@ -177,18 +181,21 @@ TEST_CASE("a replay under a budget brings every input back with its bytes") {
   CHECK(oom.failure.find("out of memory") != std::string::npos);
 }
 
-TEST_CASE("the chain target counts drop-only runs only, and an out-of-memory one as a miss") {
+TEST_CASE("the chain target: drop-only runs only, by the time they add, an out-of-memory one a miss") {
   evsim::trace_report r;
+  r.baseline.total_ns = 10000;
   r.ratios = {0.5, 0.9};
   r.rotor.computed = true;
   r.rotor.at.resize(2);
   r.rotor.at[0].feasible = true;
   r.rotor.at[0].extra_cost_ns = 1000;
   r.rotor.at[1].feasible = true;  // rotor needs no recompute there
-  const auto run = [](bool ok, double recompute_ns) {
+  // A run that added `added_ns` to the baseline's time, `stall_ns` of it not recomputing.
+  const auto run = [&r](bool ok, double added_ns, double stall_ns = 0) {
     evsim::budget_point p;
     p.result.ok = ok;
-    p.result.engine.recompute_cost_ns = recompute_ns;
+    p.result.total_ns = r.baseline.total_ns + static_cast<std::uint64_t>(added_ns);
+    p.result.engine.recompute_cost_ns = added_ns - stall_ns;
     return p;
   };
 
@@ -228,5 +235,30 @@ TEST_CASE("the chain target counts drop-only runs only, and an out-of-memory one
     t = evsim::chain_targets(r);
     CHECK(t[0].rotor_fallback);
     CHECK_FALSE(t[0].met);  // 1.375x the bound
+  }
+  SUBCASE("a run's stalls count with its recomputes: rotor's schedule has none") {
+    // 1,000 ns of recompute, as rotor, and 200 ns of copies compaction made to avoid more.
+    r.runs.push_back({"dtr", evsim::engine_mode::drop_only, {run(true, 1200, 200), run(true, 0)}});
+    const auto t = evsim::chain_targets(r);
+    CHECK(t[0].best_added_ns == 1200);
+    CHECK(t[0].factor == doctest::Approx(1.2));
+    CHECK_FALSE(t[0].met);
+  }
+  SUBCASE("not judged where rotor leaves out gradients the backward makes") {
+    r.runs.push_back({"dtr", evsim::engine_mode::drop_only, {run(true, 1000), run(true, 0)}});
+    CHECK(evsim::chain_targets(r)[0].judged);
+    r.rotor.chain.backward_param_bytes = 4096;
+    const auto t = evsim::chain_targets(r);
+    CHECK_FALSE(t[0].judged);
+    CHECK(t[0].factor == doctest::Approx(1.0));  // reported all the same
+  }
+  SUBCASE("a corrupt run (a verified read came back wrong) counts as none") {
+    evsim::budget_point corrupt = run(true, 900);
+    corrupt.result.verify_mismatches = 1;
+    r.runs.push_back({"dtr", evsim::engine_mode::drop_only, {corrupt, run(true, 0)}});
+    r.runs.push_back({"dtr-frag", evsim::engine_mode::drop_only, {run(true, 1400), run(true, 0)}});
+    const auto t = evsim::chain_targets(r);
+    CHECK(t[0].best == "dtr-frag/drop");
+    CHECK_FALSE(t[0].met);
   }
 }
