@@ -6,15 +6,22 @@
 // size of 0 or larger than the allocation, a stream the device does not know, add_node with an empty compute, no outputs, a cost that
 // is NaN, infinite or negative, or an unknown or forgotten input, an output_index out of range, an
 // output slot already taken or registered with another size, an unknown or retired producer, a
-// producer that reads the buffer itself (set_lineage), and a
-// bad engine_config are each reported with spillway::invalid_argument whose message names the id,
-// pointer, node or value; and that after each one the engine's statistics, every buffer's state
-// and bytes, and the allocator's statistics are what they were.
+// producer that reads the buffer itself (set_lineage), a
+// bad engine_config and a second engine on one allocator are each reported with
+// spillway::invalid_argument whose message names the id, pointer, node or value; and that after
+// each one the engine's statistics, every buffer's state and bytes, and the allocator's statistics
+// are what they were. Also: an engine destroyed with a pin outstanding says what is pinned and
+// aborts (in a child process), and a clock that throws leaves no pin behind.
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -297,6 +304,7 @@ TEST_CASE("outputs: index out of range, slot taken, size mismatch, unknown or re
 
 TEST_CASE("engine_config: a depth of 0 and an unknown policy are refused") {
   engine_env env;  // an allocator to build engines on
+  env.engine.reset();  // one engine per allocator
   eviction::engine_config c;
   c.max_recompute_depth = 0;
   CHECK_THROWS_WITH_AS(eviction::eviction_engine(*env.alloc, c), doctest::Contains("max_recompute_depth is 0"),
@@ -304,4 +312,76 @@ TEST_CASE("engine_config: a depth of 0 and an unknown policy are refused") {
   eviction::engine_config d;
   d.policy = "fifo";
   CHECK_THROWS_WITH_AS(eviction::eviction_engine(*env.alloc, d), doctest::Contains("fifo"), invalid_argument);
+}
+
+TEST_CASE("one engine per allocator: a second is refused, and the first goes on") {
+  // Each engine allocates under its own lock, which runs the other's handler, which waits for
+  // that other lock: two would deadlock evicting for each other on two threads.
+  fixture f;
+  CHECK_THROWS_WITH_AS(eviction::eviction_engine(*f.env.alloc), doctest::Contains("one engine per allocator"),
+                       invalid_argument);
+  CHECK(f.env.eng().evict(f.a));  // the first still serves the allocator
+  f.g.expect(f.a);
+  f.g.forget_all();
+  f.env.engine.reset();
+  eviction::eviction_engine again(*f.env.alloc);  // once the first is gone, another may come
+}
+
+TEST_CASE("an engine destroyed with a pin outstanding says what is pinned and aborts") {
+  // A guard or a released pin outstanding would call into the engine afterwards, and its block
+  // would be freed under the caller's pointer: the process stops instead, saying why. Run in a
+  // child process, whose standard error comes back through a pipe.
+  int err[2];
+  REQUIRE(pipe(err) == 0);
+  std::fflush(stderr);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    dup2(err[1], STDERR_FILENO);
+    close(err[0]);
+    {
+      engine_env env;
+      lineage_graph g(env);
+      const buffer_id x = g.source(64 * KiB);
+      pinned_buffer p = env.eng().pin(x);
+      (void)p.release();  // a released pin, never given back
+      env.engine.reset();  // aborts here
+    }
+    _exit(0);
+  }
+  close(err[1]);
+  std::string text;
+  char buf[512];
+  for (ssize_t n; (n = read(err[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
+  close(err[0]);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  CHECK(WTERMSIG(status) == SIGABRT);
+  CHECK(text.find("eviction_engine destroyed while 1 buffer(s) of 65536 bytes are pinned") != std::string::npos);
+}
+
+TEST_CASE("a clock that throws is read as its last time: no pin is left behind") {
+  // now() is read between taking a pin and handing it out, and in unpin, which cannot throw.
+  engine_options o;
+  bool fail = false;
+  std::uint64_t t = 1000;
+  o.engine.clock = [&] {
+    if (fail) throw std::runtime_error("clock");
+    return t += 10;
+  };
+  engine_env env(o);
+  lineage_graph g(env);
+  const buffer_id x = g.source(64 * KiB);
+  env.sim->run_until_idle();
+  fail = true;
+  {
+    const pinned_buffer p = env.eng().pin(x);
+    CHECK(env.eng().stats().pinned_bytes == 64 * KiB);
+  }
+  CHECK(env.eng().stats().pinned_bytes == 0);
+  fail = false;
+  CHECK(env.eng().evict(x));
+  g.expect(x);
+  env.check_clean();
 }

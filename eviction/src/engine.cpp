@@ -5,6 +5,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <unordered_set>
 
 #include "engine_impl.hpp"
 #include "spillway/sim_device.hpp"
@@ -20,7 +24,7 @@ std::string describe_id(buffer_id id) {
   return "buffer " + std::to_string(id.value & 0xffffffffu) + "#" + std::to_string(id.value >> 32);
 }
 
-std::uint64_t eviction_engine::impl::steady_now() {
+std::uint64_t eviction_engine::impl::steady_now() noexcept {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                         std::chrono::steady_clock::now().time_since_epoch())
                                         .count());
@@ -58,11 +62,37 @@ eviction_engine::impl::impl(eviction_engine& s, device_allocator& a, engine_conf
   costs = std::make_unique<cost_model>(bw);
 }
 
-eviction_engine::eviction_engine(device_allocator& allocator, engine_config config)
-    : impl_(std::make_unique<impl>(*this, allocator, std::move(config))) {
-  impl_->gate->engine = impl_.get();
-  impl_->handler_id = allocator.add_pressure_handler(
-      [g = impl_->gate](const pressure_request& r) { return g->call(r); });
+namespace {
+// The allocators that have an engine. One per allocator: each engine calls the allocator (and so
+// every pressure handler of it) with its own lock held, and its handler waits for that lock, so two
+// engines evicting for each other's allocations on two threads would wait for each other forever.
+std::mutex engines_mutex;
+std::unordered_set<const device_allocator*>& allocators_with_engine() {
+  static auto* set = new std::unordered_set<const device_allocator*>();  // outlives every engine
+  return *set;
+}
+}  // namespace
+
+eviction_engine::eviction_engine(device_allocator& allocator, engine_config config) {
+  {
+    std::lock_guard lock(engines_mutex);
+    if (!allocators_with_engine().insert(&allocator).second) {
+      throw invalid_argument("spillway: the device_allocator of device " +
+                             std::to_string(allocator.device()) +
+                             " has an eviction_engine already; expected one engine per allocator "
+                             "(two would wait for each other's lock in each other's pressure handler)");
+    }
+  }
+  try {
+    impl_ = std::make_unique<impl>(*this, allocator, std::move(config));
+    impl_->gate->engine = impl_.get();
+    impl_->handler_id = allocator.add_pressure_handler(
+        [g = impl_->gate](const pressure_request& r) { return g->call(r); });
+  } catch (...) {
+    std::lock_guard lock(engines_mutex);
+    allocators_with_engine().erase(&allocator);
+    throw;
+  }
 }
 
 eviction_engine::~eviction_engine() {
@@ -70,6 +100,7 @@ eviction_engine::~eviction_engine() {
   m.allocator.remove_pressure_handler(m.handler_id);
   m.gate->close();  // a call from the allocator's snapshot may still come: it finds the gate closed
   engine_lock lock(m);
+  m.abort_if_pinned_locked();
   try {
     m.backend.synchronize_stream(m.d2h_stream);
     m.backend.synchronize_stream(m.h2d_stream);
@@ -91,6 +122,29 @@ eviction_engine::~eviction_engine() {
   for (event_ref e : m.idle_events) m.backend.destroy_event(e);
   m.backend.destroy_stream(m.d2h_stream);
   m.backend.destroy_stream(m.h2d_stream);
+  std::lock_guard registry(engines_mutex);
+  allocators_with_engine().erase(&m.allocator);
+}
+
+// A pinned_buffer guard or a released pin still outstanding would call into the engine once it is
+// gone (and its buffer's block would be freed under the caller's pointer): a misuse no later call
+// can survive, so it is reported, naming what is pinned, and the process stops.
+void eviction_engine::impl::abort_if_pinned_locked() noexcept {
+  std::size_t pinned = 0, bytes = 0;
+  std::uint64_t first = 0;
+  buffers.for_each([&](buffer_entry& e) {
+    if (e.pins == 0) return;
+    if (pinned++ == 0) first = e.id.value;
+    bytes += e.size;
+  });
+  if (pinned == 0) return;
+  std::fprintf(stderr,
+               "spillway: eviction_engine destroyed while %zu buffer(s) of %zu bytes are pinned "
+               "(buffer %llu first): reset or destroy every pinned_buffer guard, and give every "
+               "released pin back with unpin(), before the engine; aborting, as they would call "
+               "into it afterwards\n",
+               pinned, bytes, static_cast<unsigned long long>(first));
+  std::abort();
 }
 
 // --- lookups ---------------------------------------------------------------------------------------

@@ -128,11 +128,24 @@ struct eviction_engine::impl {
   // --- engine.cpp ----------------------------------------------------------------------------------
   // The staleness clock: the configured clock, but never behind the recomputes the engine has run.
   // See Note [Staleness clock] in docs/eviction.md.
-  std::uint64_t now() const {
-    return std::max(config.clock ? config.clock() : steady_now(), recompute_time_floor);
+  // Never throws: a clock that throws is read as the last time it gave (now() is called between
+  // taking a pin and handing it out, and from noexcept unpins).
+  std::uint64_t now() const noexcept {
+    std::uint64_t t = last_clock;
+    if (!config.clock) {
+      t = steady_now();
+    } else {
+      try {
+        t = config.clock();
+        last_clock = t;
+      } catch (...) {
+      }
+    }
+    return std::max(t, recompute_time_floor);
   }
+  mutable std::uint64_t last_clock = 0;  // the user clock's last reading
   std::uint64_t recompute_time_floor = 0;  // now() as of the last recompute, plus its cost
-  static std::uint64_t steady_now();
+  static std::uint64_t steady_now() noexcept;
   detail::buffer_entry& lookup_locked(buffer_id id, const char* operation) const;
   detail::node_entry& lookup_node_locked(node_id id, const char* operation) const;
   void pin_locked(detail::buffer_entry& e);
@@ -158,6 +171,7 @@ struct eviction_engine::impl {
   bool spill_locked(detail::buffer_entry& e);
   void restore_locked(detail::buffer_entry& e);
   void reap_in_flight_locked();
+  void abort_if_pinned_locked() noexcept;  // the destructor's check (engine.cpp)
   // A spill's copy that its buffer no longer waits for: its bytes leave d2h_queued_bytes when it
   // completes. `done` is the spill's event, handed over, or null: an event is recorded after it on
   // the d2h stream (if that cannot be done, the bytes leave the count at once).

@@ -4,7 +4,10 @@
 // Contract
 // - An engine serves one device_allocator and registers itself as its pressure handler for its
 //   lifetime. An allocation over budget makes the engine evict (spill or drop, per buffer, by the
-//   cost model) until the allocator can serve it; see Note [Memory pressure path].
+//   cost model) until the allocator can serve it; see Note [Memory pressure path]. One engine
+//   per allocator (a second is invalid_argument): the engine allocates with its lock held, which
+//   runs the allocator's other pressure handlers and its on_warning on that thread under the
+//   lock, so those must not wait for a lock that a thread holds while it calls the engine.
 // - register_buffer(ptr, ...) takes ownership of a live allocation of that allocator: from then on
 //   the engine frees it (on eviction or forget) and may move it. The only way to its bytes is pin(),
 //   which makes it resident (restoring or recomputing it) and returns the pointer, valid in stream
@@ -75,6 +78,7 @@ struct engine_config {
   // holes of other segments (a device-to-device copy) before evicting any (Note [Compaction]).
   bool compact = true;
   // Time for staleness (DTR) in ns. Default: steady_clock. The simulator passes the sim clock.
+  // Called under the engine lock; one that throws is read as the last time it gave.
   std::function<std::uint64_t()> clock;
   // With steps marked (begin_step): record each step's reads and predict every candidate's next
   // use from the last step's (Note [Next-use prediction]). False: begin_step does nothing.
@@ -154,7 +158,10 @@ class eviction_engine {
   eviction_engine(device_allocator& allocator, engine_config config = {});
   // Unregisters from the allocator, waits for its pressure handler calls under way on other
   // threads (a call that starts later frees nothing), and frees every buffer it owns. Not from
-  // inside a pressure handler or a lineage compute.
+  // inside a pressure handler or a lineage compute. Every pinned_buffer guard must be gone, and
+  // every released pin given back, first: with a pin outstanding (which would call into the
+  // engine afterwards, and whose block would be freed under its pointer) it writes what is
+  // pinned to stderr and aborts.
   ~eviction_engine();
   eviction_engine(const eviction_engine&) = delete;
   eviction_engine& operator=(const eviction_engine&) = delete;
