@@ -248,11 +248,14 @@ PYBIND11_MODULE(_C, m) {
     (void)torch_plugin::install_crash_backtrace();
   }
 
-  // Exception translation, most specific first (pybind11 tries the last registered first).
+  // Exception translation, most specific first, for this module's functions only: a global
+  // translator (pybind11 shares them between modules built alike, torch's own included, and
+  // tries the last registered first) would turn the c10 errors of every other module's
+  // functions into these Python types after `import spillway`.
   // Leaked on purpose: it must not be released after the interpreter has finalised.
   static py::handle torch_oom =
       py::object(py::module_::import("torch").attr("OutOfMemoryError")).release();
-  py::register_exception_translator([](std::exception_ptr p) {
+  py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const c10::OutOfMemoryError& e) {
