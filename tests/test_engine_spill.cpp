@@ -542,6 +542,28 @@ TEST_CASE("a spill that fails after its copy was queued: the host block is not r
   env.check_clean();
 }
 
+TEST_CASE("a host block whose copy back has completed is room for the next spill") {
+  // The restore gives its host block back behind the copy's event; the pool reaps it when asked
+  // for its room. The engine asks before spilling: a room that counted it in use forever kept
+  // every later spill off (found by review).
+  engine_options o;
+  o.engine.host_pool_capacity = 1 * MiB;
+  engine_env env(o);
+  lineage_graph g(env);
+  const buffer_id a = g.source(1 * MiB);
+  const buffer_id b = g.source(1 * MiB);
+  env.sim->run_until_idle();
+  spill_and_wait(env, a);
+  { const pinned_buffer p = env.eng().pin(a); }  // the copy back, then its host block let go
+  env.sim->run_until_idle();
+  REQUIRE(env.eng().state(a) == buffer_state::resident);
+  CHECK(env.eng().describe_candidate(b)->cost_ns < 1e30);  // spilling b is possible again
+  spill_and_wait(env, b);
+  g.expect(a);
+  g.expect(b);
+  env.check_clean();
+}
+
 TEST_CASE("a failed restore surfaces from pin; the buffer stays spilled and is pinnable later") {
   SUBCASE("a copy fault") {
     engine_env env;

@@ -163,8 +163,9 @@ std::size_t host_pool::release_cached_locked(std::size_t wanted) noexcept {
   return released;
 }
 
-std::size_t host_pool::room() const noexcept {
+std::size_t host_pool::room() noexcept {
   std::lock_guard lock(mutex_);
+  reap_locked();
   return capacity_ > stats_.in_use_bytes ? capacity_ - stats_.in_use_bytes : 0;
 }
 

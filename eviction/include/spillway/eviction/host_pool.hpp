@@ -10,9 +10,9 @@
 // - free_after(ptr, event) returns a block to the cache once `event` has completed (the copy
 //   that reads it); free(ptr) returns it at once. Unknown pointers (never handed out, already
 //   freed, interior, null) are spillway::invalid_argument naming the pointer; nothing changes
-//   then, and free_after leaves `event` with the caller. allocate, free, free_after and
-//   release_cached first reap the blocks whose event has completed (event_completed, then
-//   destroy_event); the const calls do not.
+//   then, and free_after leaves `event` with the caller. allocate, free, free_after,
+//   release_cached and room first reap the blocks whose event has completed (event_completed,
+//   then destroy_event); the const calls do not.
 // - The destructor waits for pending events and gives every block back to the backend, also
 //   those still handed out. A block whose event cannot be waited for (the wait throws) is leaked
 //   rather than freed under a copy that may still use it.
@@ -58,8 +58,10 @@ class host_pool {
   std::size_t block_size(const void* ptr) const;  // the rounded size; invalid_argument if unknown
   std::size_t release_cached() noexcept;          // gives cached blocks back to the backend
   // The pinned bytes allocate may still hand out within the capacity (cached blocks count as room:
-  // they are given back for a miss). Blocks waiting on an event count as in use until reaped.
-  std::size_t room() const noexcept;
+  // they are given back for a miss), once the blocks whose event has completed are reaped: a
+  // caller that asks before allocating (the engine, deciding whether it may spill) would
+  // otherwise see blocks long free as in use, and never allocate, which is what reaps them.
+  std::size_t room() noexcept;
   host_pool_stats stats() const;
   static std::size_t round_size(std::size_t bytes) noexcept;
 
