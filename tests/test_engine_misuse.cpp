@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine_fixture.hpp"
+#include "forwarding_backend.hpp"
 #include "spillway/errors.hpp"
 
 using namespace spillway;
@@ -314,6 +315,50 @@ TEST_CASE("engine_config: a depth of 0 and an unknown policy are refused") {
   CHECK_THROWS_WITH_AS(eviction::eviction_engine(*env.alloc, d), doctest::Contains("fifo"), invalid_argument);
 }
 
+TEST_CASE("engine_config.bandwidth: one direction given is kept; bad ones refused, streams not leaked") {
+  // Counts the streams made and destroyed on the simulated device.
+  struct counting_backend final : forwarding_backend {
+    using forwarding_backend::forwarding_backend;
+    int created = 0, destroyed = 0;
+    stream_ref create_stream() override {
+      ++created;
+      return forwarding_backend::create_stream();
+    }
+    void destroy_stream(stream_ref s) noexcept override {
+      ++destroyed;
+      forwarding_backend::destroy_stream(s);
+    }
+  };
+  std::shared_ptr<counting_backend> counts;
+  engine_options o;
+  o.backend = [&counts](std::shared_ptr<sim_device> sim) {
+    counts = std::make_shared<counting_backend>(std::move(sim));
+    return counts;
+  };
+  engine_env env(o);
+  env.engine.reset();  // one engine per allocator
+  const int created = counts->created, destroyed = counts->destroyed;
+  {
+    eviction::engine_config c;
+    c.bandwidth = {10e9, 0};  // host to device given; device to host found
+    const eviction::eviction_engine e(*env.alloc, c);
+    CHECK(e.costs().bandwidth().h2d == 10e9);
+    CHECK(e.costs().bandwidth().d2h > 0);  // measured (the backend is not the sim itself)
+    CHECK(e.costs().bandwidth().d2h != 10e9);
+  }
+  for (const eviction::link_bandwidth bad : {eviction::link_bandwidth{-1, 1e9},
+                                             eviction::link_bandwidth{1e9, std::nan("")},
+                                             eviction::link_bandwidth{std::numeric_limits<double>::infinity(), 1e9}}) {
+    CAPTURE(bad.h2d);
+    CAPTURE(bad.d2h);
+    eviction::engine_config c;
+    c.bandwidth = bad;
+    CHECK_THROWS_AS(eviction::eviction_engine(*env.alloc, c), invalid_argument);
+  }
+  CHECK(counts->created - created == counts->destroyed - destroyed);  // the failed ones' too
+  eviction::eviction_engine again(*env.alloc);  // and the allocator may have its engine
+}
+
 TEST_CASE("one engine per allocator: a second is refused, and the first goes on") {
   // Each engine allocates under its own lock, which runs the other's handler, which waits for
   // that other lock: two would deadlock evicting for each other on two threads.
@@ -337,6 +382,7 @@ TEST_CASE("an engine destroyed with a pin outstanding says what is pinned and ab
   const pid_t child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
+    std::signal(SIGABRT, SIG_DFL);  // not doctest's crash report: the parent judges the abort
     dup2(err[1], STDERR_FILENO);
     close(err[0]);
     {

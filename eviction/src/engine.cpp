@@ -48,18 +48,34 @@ eviction_engine::impl::impl(eviction_engine& s, device_allocator& a, engine_conf
                            std::to_string(config.max_recompute_factor) +
                            "; expected a finite number >= 0 (0: no bound)");
   }
-  d2h_stream = backend.create_stream();
-  h2d_stream = backend.create_stream();
   link_bandwidth bw = config.bandwidth;
-  if (bw.h2d <= 0 || bw.d2h <= 0) {
-    // The simulated device's link is its configured model; a real one is measured.
-    if (const auto* sim = dynamic_cast<const sim_device*>(&backend)) {
-      bw = {sim->config().h2d_bandwidth, sim->config().d2h_bandwidth};
-    } else {
-      bw = measure_bandwidth(a, d2h_stream);  // within the budget: see cost_model.hpp
-    }
+  if (bw.h2d < 0 || bw.d2h < 0 || std::isnan(bw.h2d) || std::isnan(bw.d2h)) {
+    throw invalid_argument("spillway: engine_config.bandwidth is " + std::to_string(bw.h2d) +
+                           " B/s host to device, " + std::to_string(bw.d2h) +
+                           " B/s device to host; expected positive numbers (0: measured)");
   }
-  costs = std::make_unique<cost_model>(bw);
+  d2h_stream = backend.create_stream();
+  try {
+    h2d_stream = backend.create_stream();
+    if (bw.h2d == 0 || bw.d2h == 0) {
+      // A direction not given: the simulated device's model, or a real link measured. One given
+      // is kept.
+      link_bandwidth found;
+      if (const auto* sim = dynamic_cast<const sim_device*>(&backend)) {
+        found = {sim->config().h2d_bandwidth, sim->config().d2h_bandwidth};
+      } else {
+        found = measure_bandwidth(a, d2h_stream);  // within the budget: see cost_model.hpp
+      }
+      if (bw.h2d == 0) bw.h2d = found.h2d;
+      if (bw.d2h == 0) bw.d2h = found.d2h;
+    }
+    costs = std::make_unique<cost_model>(bw);  // invalid_argument for an infinite bandwidth
+  } catch (...) {
+    // The engine is not made: its copy streams go (the destructor will not run).
+    backend.destroy_stream(d2h_stream);
+    if (h2d_stream.value != 0) backend.destroy_stream(h2d_stream);
+    throw;
+  }
 }
 
 namespace {

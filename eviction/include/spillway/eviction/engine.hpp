@@ -57,8 +57,10 @@ struct engine_config {
   std::string policy = "dtr-frag";             // make_policy name
   std::uint64_t seed = 1;
   std::size_t host_pool_capacity = std::size_t{64} << 30;  // pinned host bytes for spills
-  // Zero: the simulated device's model, or on a real device measured at construction with a probe
-  // allocated within the budget (measure_bandwidth; out_of_memory when the budget leaves no room).
+  // Bytes/s each way. A direction left at zero: the simulated device's model, or on a real device
+  // measured at construction with a probe allocated within the budget (measure_bandwidth;
+  // out_of_memory when the budget leaves no room); one given is kept. Negative, NaN or infinite:
+  // invalid_argument.
   link_bandwidth bandwidth{};
   std::size_t max_recompute_depth = 10000;     // lineage depth before runaway recursion is declared
   // Thrashing: one pin or pin_all may recompute nodes costing at most this many times the cost of
