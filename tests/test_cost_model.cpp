@@ -150,20 +150,27 @@ TEST_CASE("measure_bandwidth: the probe stays within the allocator's budget") {
   config.capacity = 256 * k_mib;
   auto sim = std::make_shared<sim_device>(config);
   device_allocator alloc(sim);
-  alloc.set_budget(40 * k_mib);
-  void* held = alloc.allocate(30 * k_mib);  // 30 MiB reserved of 40: about 10 MiB left
+  void* held = alloc.allocate(30 * k_mib);  // a 30 MiB segment
 
-  const std::size_t copied_before = sim->counters().bytes_copied[static_cast<int>(copy_kind::host_to_device)];
-  const link_bandwidth measured = measure_bandwidth(alloc, stream_ref{}, 64 * k_mib);
-  CHECK(measured.h2d > 0);
-  const std::size_t probe =
-      (sim->counters().bytes_copied[static_cast<int>(copy_kind::host_to_device)] - copied_before) / 4;
-  CAPTURE(probe);
-  CHECK(probe >= k_mib);
-  CHECK(probe <= 10 * k_mib);  // shrunk to what the budget left, not 64 MiB beside it
-  CHECK(probe % k_mib == 0);
-  CHECK(sim->counters().peak_used_bytes <= 40 * k_mib);
-  CHECK(alloc.stats().allocated_bytes[0].current == static_cast<std::int64_t>(30 * k_mib));
+  // Headroom of 10, 11 and 3 MiB: the probe takes a whole number of 2 MiB (a segment for 11 or
+  // 3 MiB would be 12 or 4 MiB, over the budget), and never goes over it.
+  for (const std::size_t budget : {40 * k_mib, 41 * k_mib, 33 * k_mib}) {
+    CAPTURE(budget);
+    alloc.set_budget(budget);
+    alloc.empty_cache();  // the last probe's segment
+    alloc.reset_peak_stats();
+    const std::size_t copied_before = sim->counters().bytes_copied[static_cast<int>(copy_kind::host_to_device)];
+    const link_bandwidth measured = measure_bandwidth(alloc, stream_ref{}, 64 * k_mib);
+    CHECK(measured.h2d > 0);
+    const std::size_t probe =
+        (sim->counters().bytes_copied[static_cast<int>(copy_kind::host_to_device)] - copied_before) / 4;
+    CAPTURE(probe);
+    CHECK(probe >= 2 * k_mib);
+    CHECK(probe <= budget - 30 * k_mib);  // shrunk to what the budget left, not 64 MiB beside it
+    CHECK(probe % (2 * k_mib) == 0);
+    CHECK(alloc.stats().reserved_bytes[0].peak <= static_cast<std::int64_t>(budget));
+    CHECK(alloc.stats().allocated_bytes[0].current == static_cast<std::int64_t>(30 * k_mib));
+  }
 
   // No room at all: out_of_memory naming the budget and what to do, and nothing changes.
   alloc.set_budget(30 * k_mib);

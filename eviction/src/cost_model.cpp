@@ -8,6 +8,7 @@
 #include <string>
 
 #include "spillway/errors.hpp"
+#include "spillway/size_classes.hpp"
 
 namespace spillway::eviction {
 namespace {
@@ -60,7 +61,7 @@ eviction_action cost_model::choose(eviction_mode mode, std::size_t bytes,
 
 namespace {
 
-constexpr std::size_t k_min_probe = std::size_t{1} << 20;
+constexpr std::size_t k_min_probe = size_classes::segment_rounding;  // 2 MiB
 
 // The probe's two buffers: pinned host memory from the backend, device memory from the allocator.
 // They are given back only once the stream has drained; if it cannot drain (the wait throws),
@@ -105,15 +106,18 @@ class probe_buffers {
   void* device_ = nullptr;
 };
 
-// The probe size: probe_bytes, or less when the allocator cannot serve that without evicting or
-// going over its budget; whole MiB, at least one.
+// The probe size: probe_bytes, or less when a segment for it would go over the budget: a whole
+// number of the segments' 2 MiB rounding (the least segment the allocator reserves for it,
+// size_classes::min_segment_size), at least one. The probe is allocated on a stream of its own,
+// which no cached block serves, so only the budget's headroom counts.
 std::size_t probe_size(const device_allocator& allocator, std::size_t probe_bytes) {
   const std::size_t budget = allocator.budget();
   const auto reserved = static_cast<std::size_t>(allocator.stats().reserved_bytes[0].current);
-  const std::size_t room =
-      std::max(allocator.largest_free_block(), budget > reserved ? budget - reserved : 0);
-  std::size_t bytes = std::min(probe_bytes, room);
-  if (bytes < probe_bytes) bytes = bytes / k_min_probe * k_min_probe;
+  const std::size_t room = budget > reserved ? budget - reserved : 0;
+  std::size_t bytes = probe_bytes;
+  if (size_classes::min_segment_size(size_classes::round_size(bytes)) > room) {
+    bytes = room / size_classes::segment_rounding * size_classes::segment_rounding;
+  }
   if (bytes == 0) {
     out_of_memory::details d;
     d.device = allocator.device();
