@@ -172,6 +172,18 @@ TEST_CASE("measure_bandwidth: the probe stays within the allocator's budget") {
     CHECK(alloc.stats().allocated_bytes[0].current == static_cast<std::int64_t>(30 * k_mib));
   }
 
+  // The budget reserved in full, a third of it a cached free segment: the allocator gives that
+  // back for the probe, so there is room for one.
+  alloc.set_budget(unlimited_budget);
+  alloc.empty_cache();  // the last probe's segment
+  void* cached = alloc.allocate(10 * k_mib);
+  alloc.deallocate(cached);
+  alloc.set_budget(40 * k_mib);
+  REQUIRE(alloc.stats().reserved_bytes[0].current == static_cast<std::int64_t>(40 * k_mib));
+  CHECK(measure_bandwidth(alloc, sim->create_stream(), 64 * k_mib).d2h > 0);
+  CHECK(alloc.stats().reserved_bytes[0].peak <= static_cast<std::int64_t>(40 * k_mib));
+  alloc.empty_cache();
+
   // No room at all: out_of_memory naming the budget and what to do, and nothing changes.
   alloc.set_budget(30 * k_mib);
   try {

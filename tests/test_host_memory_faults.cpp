@@ -27,7 +27,8 @@
 // forgetting a buffer whose spill is in flight, and rebuilding a node whose other output's spill
 // is (the host copy is dropped: the d2h queue and the in-flight list let go of it); an explicit
 // spill whose copy cannot be queued (a copy fault: it says false, even when the host block's
-// return to the pool runs out of memory).
+// return to the pool runs out of memory); accepting a budget below what is reserved (set however
+// it ends); constructing an engine (no copy stream left behind).
 //
 // The simulated device is shielded from the failures in those runs: it stands for the CUDA runtime,
 // whose failures are the device and copy faults the sim injects (test_fault_injection). Its own
@@ -61,6 +62,16 @@ namespace {
 class shielded_backend final : public forwarding_backend {
  public:
   using forwarding_backend::forwarding_backend;
+  int streams_created = 0, streams_destroyed = 0;  // an engine's copy streams, say
+  stream_ref create_stream() override {
+    const stream_ref s = forwarding_backend::create_stream();
+    ++streams_created;
+    return s;
+  }
+  void destroy_stream(stream_ref s) noexcept override {
+    ++streams_destroyed;
+    forwarding_backend::destroy_stream(s);
+  }
 
  protected:
   void before(backend_call) override {
@@ -281,22 +292,26 @@ std::unique_ptr<scenario> siblings_layout() {
 
 // Lowering the budget below what is reserved: the engine evicts (spills the sources, drops the
 // chain's buffers) until the reservations fit, with PyTorch's segments.
-std::unique_ptr<scenario> budget_layout() {
+std::unique_ptr<scenario> budget_layout(below_live when_below = below_live::refuse) {
   auto s = under(16 * MiB, segments::fixed, "dtr");
   std::vector<buffer_id> x{s->g.source(1 * MiB)};
   for (int i = 0; i < 5; ++i) x.push_back(s->g.source(512 * KiB));
   for (int i = 1; i < 8; ++i) x.push_back(s->g.node({x.back()}, {1 * MiB})[0]);
   s->env.sim->run_until_idle();
   auto returned = std::make_shared<bool>(false);
-  s->operation = [returned](scenario& t) {
-    (void)t.env.alloc->set_budget(6 * MiB);
+  s->operation = [returned, when_below](scenario& t) {
+    (void)t.env.alloc->set_budget(6 * MiB, when_below);
     *returned = true;
   };
   s->did = [](scenario& t) {
     return t.env.alloc->stats().reserved_bytes[0].current <= static_cast<std::int64_t>(6 * MiB);
   };
-  // A call that threw leaves the old budget (it is lowered while the handlers run).
-  s->check = [returned](scenario& t) { CHECK(t.env.alloc->budget() == (*returned ? 6 : 16) * MiB); };
+  // A refusing call that threw leaves the old budget (it is lowered while the handlers run); an
+  // accepting one (a scoped_budget's restore) sets the new one however it ends.
+  s->check = [returned, when_below](scenario& t) {
+    const bool set = *returned || when_below == below_live::accept;
+    CHECK(t.env.alloc->budget() == (set ? 6 : 16) * MiB);
+  };
   return s;
 }
 
@@ -524,7 +539,11 @@ TEST_CASE("host out of memory: a node rebuilt while its other outputs are reside
 }
 
 TEST_CASE("host out of memory: lowering the budget below what is reserved") {
-  sweep_both(budget_layout);
+  sweep_both([] { return budget_layout(); });
+}
+
+TEST_CASE("host out of memory: accepting a budget below what is reserved sets it however it ends") {
+  sweep_both([] { return budget_layout(below_live::accept); });
 }
 
 TEST_CASE("host out of memory: pin_all of spilled and dropped buffers, with next-use prediction") {
@@ -609,5 +628,32 @@ TEST_CASE("host out of memory in the simulated device: a failed enqueue leaves i
     const std::string mode = persistent ? "from one on: " : "one at a time: ";
     MESSAGE("host allocations failed " << mode << k << " runs");
     CHECK(k > 0);
+  }
+}
+
+TEST_CASE("host out of memory: constructing an engine leaves no stream behind") {
+  // Its copy streams are made first; whatever fails after (the cost model, the registry, the
+  // allocator's handler list), they go with it.
+  for (const bool persistent : {false, true}) {
+    for (long k = 0;; ++k) {
+      REQUIRE(k < 10000);
+      INFO((persistent ? "every allocation from " : "allocation ") << k << " failed");
+      auto sim = std::make_shared<sim_device>(sim_config{});
+      auto backend = std::make_shared<shielded_backend>(sim);
+      device_allocator alloc(backend);
+      eviction::engine_config c;
+      c.bandwidth = {sim->config().h2d_bandwidth, sim->config().d2h_bandwidth};
+      std::unique_ptr<eviction::eviction_engine> engine;
+      const host_fault_run run = run_with_host_fault(k, persistent, [&] {
+        engine = std::make_unique<eviction::eviction_engine>(alloc, c);
+      });
+      if (run.error) {
+        CHECK(engine == nullptr);
+        CHECK(backend->streams_created == backend->streams_destroyed);
+      }
+      engine.reset();
+      CHECK(backend->streams_created == backend->streams_destroyed);
+      if (run.failures == 0) break;
+    }
   }
 }

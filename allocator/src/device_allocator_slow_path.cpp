@@ -415,9 +415,11 @@ budget_report device_allocator::impl::set_budget_releasing_lock(std::unique_lock
     budget = b;
     stats.budget = b == unlimited_budget ? -1 : static_cast<std::int64_t>(b);
   };
-  // A call that throws leaves the old budget in force, whatever throws (a refusal, host memory
-  // for the handlers' list, a device error from an event query): lowered while the handlers run,
-  // it would otherwise stay, and a scoped_budget whose construction threw would never restore it.
+  // A strict call that throws leaves the old budget in force, whatever throws (a refusal, host
+  // memory for the handlers' list, a device error from an event query): lowered while the
+  // handlers run, it would otherwise stay, and a scoped_budget whose construction threw would never
+  // restore it. A call that accepts a budget below live memory sets it however it ends (a
+  // scoped_budget's restore is one: the previous budget must come back).
   struct old_budget_unless_set {
     const decltype(set_locked)& set;
     std::size_t old;
@@ -425,7 +427,7 @@ budget_report device_allocator::impl::set_budget_releasing_lock(std::unique_lock
     ~old_budget_unless_set() {
       if (!done) set(old);  // under the lock: the handlers' call takes it back on a throw
     }
-  } restore_guard{set_locked, old_budget};
+  } restore_guard{set_locked, strict ? old_budget : bytes};
   const auto refuse = [&] {
     set_locked(old_budget);
     std::ostringstream m;

@@ -108,12 +108,14 @@ class probe_buffers {
 
 // The probe size: probe_bytes, or less when a segment for it would go over the budget: a whole
 // number of the segments' 2 MiB rounding (the least segment the allocator reserves for it,
-// size_classes::min_segment_size), at least one. The probe is allocated on a stream of its own,
-// which no cached block serves, so only the budget's headroom counts.
+// size_classes::min_segment_size), at least one. The room is the budget's headroom and what the
+// allocator can give back of its cache to make more (releasable_bytes: it does so before any
+// handler is asked); a cached block of the probe's own stream is not counted (the engine's probe
+// runs on a stream of its own, which none serves).
 std::size_t probe_size(const device_allocator& allocator, std::size_t probe_bytes) {
   const std::size_t budget = allocator.budget();
   const auto reserved = static_cast<std::size_t>(allocator.stats().reserved_bytes[0].current);
-  const std::size_t room = budget > reserved ? budget - reserved : 0;
+  const std::size_t room = (budget > reserved ? budget - reserved : 0) + allocator.releasable_bytes();
   std::size_t bytes = probe_bytes;
   if (size_classes::min_segment_size(size_classes::round_size(bytes)) > room) {
     bytes = room / size_classes::segment_rounding * size_classes::segment_rounding;

@@ -71,11 +71,15 @@ eviction_engine::impl::impl(eviction_engine& s, device_allocator& a, engine_conf
     }
     costs = std::make_unique<cost_model>(bw);  // invalid_argument for an infinite bandwidth
   } catch (...) {
-    // The engine is not made: its copy streams go (the destructor will not run).
-    backend.destroy_stream(d2h_stream);
-    if (h2d_stream.value != 0) backend.destroy_stream(h2d_stream);
+    destroy_copy_streams();  // the engine is not made: its destructor will not run
     throw;
   }
+}
+
+void eviction_engine::impl::destroy_copy_streams() noexcept {
+  if (d2h_stream.value != 0) backend.destroy_stream(d2h_stream);
+  if (h2d_stream.value != 0) backend.destroy_stream(h2d_stream);
+  d2h_stream = h2d_stream = stream_ref{};
 }
 
 namespace {
@@ -105,6 +109,7 @@ eviction_engine::eviction_engine(device_allocator& allocator, engine_config conf
     impl_->handler_id = allocator.add_pressure_handler(
         [g = impl_->gate](const pressure_request& r) { return g->call(r); });
   } catch (...) {
+    if (impl_) impl_->destroy_copy_streams();  // made, then the handler could not be added
     std::lock_guard lock(engines_mutex);
     allocators_with_engine().erase(&allocator);
     throw;
@@ -136,8 +141,7 @@ eviction_engine::~eviction_engine() {
   });
   for (const impl::detached_copy& c : m.detached_d2h) m.backend.destroy_event(c.done);
   for (event_ref e : m.idle_events) m.backend.destroy_event(e);
-  m.backend.destroy_stream(m.d2h_stream);
-  m.backend.destroy_stream(m.h2d_stream);
+  m.destroy_copy_streams();
   std::lock_guard registry(engines_mutex);
   allocators_with_engine().erase(&m.allocator);
 }

@@ -172,6 +172,7 @@ struct eviction_engine::impl {
   void restore_locked(detail::buffer_entry& e);
   void reap_in_flight_locked();
   void abort_if_pinned_locked() noexcept;  // the destructor's check (engine.cpp)
+  void destroy_copy_streams() noexcept;     // d2h and h2d, those made
   // A spill's copy that its buffer no longer waits for: its bytes leave d2h_queued_bytes when it
   // completes. `done` is the spill's event, handed over, or null: an event is recorded after it on
   // the d2h stream (if that cannot be done, the bytes leave the count at once).

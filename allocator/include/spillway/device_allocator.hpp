@@ -19,8 +19,10 @@
 //   refused with invalid_argument and leaves the old budget in force (without handlers the refusal
 //   comes before anything is released), or, with below_live::accept, is set all the same: new
 //   segments then fail until frees bring reserved memory under it (the report's shortfall).
-//   Any set_budget that throws (a refusal, host out of memory, a device error) leaves the old
-//   budget in force; the cache it released stays released.
+//   A set_budget that refuses a budget below live memory (below_live::refuse) and throws (the
+//   refusal, host out of memory, a device error) leaves the old budget in force; one that accepts
+//   it (below_live::accept, as scoped_budget's restore does) sets it however it ends. The cache
+//   released on the way stays released.
 // - Backend calls (event queries, synchronisation) are made with the device lock held: work they
 //   run (a simulated kernel's effect) and config.on_warning must not call back into the allocator.
 // - Every public method takes the device lock (one std::mutex); pressure handlers run without it.

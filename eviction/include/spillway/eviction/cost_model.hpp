@@ -49,9 +49,9 @@ class cost_model {
 // Times pinned copies of up to `probe_bytes` each way on `stream` with the host clock and
 // synchronisation; returns the measured bandwidth. The device side of the probe is an allocation
 // of `allocator`, so it counts against the budget like any other: when a segment for probe_bytes
-// would go over the budget, the probe shrinks to what a segment within the budget's headroom
-// holds (whole 2 MiB), down to 2 MiB, and below that it is out_of_memory naming the budget (it
-// runs on its own stream, which no cached block serves). The memory goes back to the cache.
+// would go over the budget, the probe shrinks to what a segment within the budget's headroom,
+// and the cache the allocator can give back, holds (whole 2 MiB), down to 2 MiB, and below that
+// it is out_of_memory naming the budget. The memory goes back to the cache.
 // Pinned host memory comes from the backend and goes back to it; none is a device_error. For a
 // simulated device in manual mode use its configured model instead (the host clock does not move
 // with the virtual one).
