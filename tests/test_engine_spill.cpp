@@ -74,6 +74,22 @@ engine_options with_faulty_backend(std::shared_ptr<faulty_backend>& out) {
   return o;
 }
 
+// An engine whose host pool has room for one 1 MiB block, and two 1 MiB sources, a and b.
+struct one_host_block {
+  static engine_options with_room_for_one(engine_options o) {
+    o.engine.host_pool_capacity = 1 * MiB;
+    return o;
+  }
+  explicit one_host_block(engine_options o = {}) : env(with_room_for_one(std::move(o))) {
+    a = g.source(1 * MiB);
+    b = g.source(1 * MiB);
+    env.sim->run_until_idle();
+  }
+  engine_env env;
+  lineage_graph g{env};
+  buffer_id a, b;
+};
+
 void spill_and_wait(engine_env& env, buffer_id id) {
   REQUIRE(env.eng().evict(id, eviction_mode::spill));
   env.sim->run_until_idle();
@@ -511,13 +527,10 @@ TEST_CASE("a spill that fails after its copy was queued: the host block is not r
   // With room for one host block: a spill that fails once its copy out is queued leaves that
   // block to the copy, which may still write it; one that fails before queuing gives it back.
   std::shared_ptr<faulty_backend> f;
-  engine_options o = with_faulty_backend(f);
-  o.engine.host_pool_capacity = 1 * MiB;
-  engine_env env(o);
-  lineage_graph g(env);
-  const buffer_id a = g.source(1 * MiB);
-  const buffer_id b = g.source(1 * MiB);
-  env.sim->run_until_idle();
+  one_host_block t(with_faulty_backend(f));
+  engine_env& env = t.env;
+  lineage_graph& g = t.g;
+  const buffer_id a = t.a, b = t.b;
   SUBCASE("queued, then its event cannot be recorded nor the d2h stream drained") {
     f->record_countdown = 1;  // the first record orders d2h after a's stream; the second is `done`
     f->sync_fails = true;
@@ -546,13 +559,10 @@ TEST_CASE("a host block whose copy back has completed is room for the next spill
   // The restore gives its host block back behind the copy's event; the pool reaps it when asked
   // for its room. The engine asks before spilling: a room that counted it in use forever kept
   // every later spill off (found by review).
-  engine_options o;
-  o.engine.host_pool_capacity = 1 * MiB;
-  engine_env env(o);
-  lineage_graph g(env);
-  const buffer_id a = g.source(1 * MiB);
-  const buffer_id b = g.source(1 * MiB);
-  env.sim->run_until_idle();
+  one_host_block t;
+  engine_env& env = t.env;
+  lineage_graph& g = t.g;
+  const buffer_id a = t.a, b = t.b;
   spill_and_wait(env, a);
   { const pinned_buffer p = env.eng().pin(a); }  // the copy back, then its host block let go
   env.sim->run_until_idle();
