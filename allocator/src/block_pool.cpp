@@ -3,13 +3,6 @@
 
 namespace spillway::detail {
 
-namespace {
-// PyTorch's inactive_split: a free piece of a split segment; expandable segments do not count.
-bool counts_as_inactive_split(const block* b) noexcept {
-  return b->is_split() && !b->seg->expandable;
-}
-}  // namespace
-
 std::size_t block_pool::releasable_of(const block* b) const noexcept {
   if (!b->seg->expandable) return b->size == b->seg->size ? b->size : 0;
   if (granularity_ == 0) return 0;
@@ -17,35 +10,26 @@ std::size_t block_pool::releasable_of(const block* b) const noexcept {
 }
 
 void block_pool::insert(block* b) noexcept {
-  tree_.insert(*b);
-  releasable_ += releasable_of(b);
-  if (counts_as_inactive_split(b)) count_split(1, static_cast<std::int64_t>(b->size));
+  split_delta net;
+  insert(b, net);
+  apply(net);
 }
 
 void block_pool::erase(block* b) noexcept {
-  tree_.erase(tree_.iterator_to(*b));
-  releasable_ -= releasable_of(b);
-  if (counts_as_inactive_split(b)) count_split(-1, -static_cast<std::int64_t>(b->size));
-}
-
-void block_pool::count_split(std::int64_t blocks, std::int64_t bytes) noexcept {
-  if (batching_) {
-    net_blocks_ += blocks;
-    net_bytes_ += bytes;
-  } else {
-    change_split_stats(blocks, bytes);
-  }
+  split_delta net;
+  erase(b, net);
+  apply(net);
 }
 
 // The count and the bytes each move by their own sign, as PyTorch moves them.
-void block_pool::change_split_stats(std::int64_t blocks, std::int64_t bytes) noexcept {
+void block_pool::apply_nonzero(const split_delta& net) noexcept {
   for (stat_type t : {stat_type::aggregate, type()}) {
     stat& count = stats_.inactive_split[static_cast<int>(t)];
     stat& size = stats_.inactive_split_bytes[static_cast<int>(t)];
-    if (blocks > 0) count.increase(blocks);
-    if (blocks < 0) count.decrease(-blocks);
-    if (bytes > 0) size.increase(bytes);
-    if (bytes < 0) size.decrease(-bytes);
+    if (net.blocks > 0) count.increase(net.blocks);
+    if (net.blocks < 0) count.decrease(-net.blocks);
+    if (net.bytes > 0) size.increase(net.bytes);
+    if (net.bytes < 0) size.decrease(-net.bytes);
   }
 }
 

@@ -2,10 +2,11 @@
 //
 // - block_pool: the free tree of the small or the large pool. insert/erase keep the
 //   inactive_split statistics in step with the tree: a free block that does not span its whole
-//   segment is an "inactive split" block (PyTorch's definition). Within a split_stats_batch those
-//   statistics change once, by the net of its inserts and erases, as PyTorch changes them once
-//   per allocation and per free: the current values are the same either way, the cumulative
-//   allocated and freed counts agree with PyTorch's only so. They also keep releasable(): what
+//   segment is an "inactive split" block (PyTorch's definition). An allocation or a free that
+//   changes the tree several times gathers those changes in a split_delta and applies the net
+//   once, as PyTorch changes them once per allocation and per free: the current values are the
+//   same either way, the cumulative allocated and freed counts agree with PyTorch's only so.
+//   They also keep releasable(): what
 //   giving the free blocks back would return to the device (a block that is its whole fixed
 //   segment, the whole granules of a block of an expandable one), so that the pressure path knows
 //   it in O(1) instead of walking every segment (and every block of the expandable ones). Exact
@@ -62,22 +63,24 @@ class block_pool {
 
   void insert(block* b) noexcept;
   void erase(block* b) noexcept;
-
-  // See the top of the file. Batches do not nest.
-  class split_stats_batch {
-   public:
-    explicit split_stats_batch(block_pool& pool) noexcept : pool_(pool) { pool_.batching_ = true; }
-    split_stats_batch(const split_stats_batch&) = delete;
-    split_stats_batch& operator=(const split_stats_batch&) = delete;
-    ~split_stats_batch() {
-      pool_.batching_ = false;
-      pool_.change_split_stats(pool_.net_blocks_, pool_.net_bytes_);
-      pool_.net_blocks_ = pool_.net_bytes_ = 0;
-    }
-
-   private:
-    block_pool& pool_;
+  // The same, their inactive_split change gathered in `net` for one apply() (see the top of the
+  // file): an allocation's or a free's several tree changes count once, as PyTorch's do.
+  struct split_delta {
+    std::int64_t blocks = 0, bytes = 0;
   };
+  void insert(block* b, split_delta& net) noexcept {
+    tree_.insert(*b);
+    releasable_ += releasable_of(b);
+    count(b, +1, net);
+  }
+  void erase(block* b, split_delta& net) noexcept {
+    tree_.erase(tree_.iterator_to(*b));
+    releasable_ -= releasable_of(b);
+    count(b, -1, net);
+  }
+  void apply(const split_delta& net) noexcept {
+    if (net.blocks != 0 || net.bytes != 0) apply_nonzero(net);
+  }
 
   // Expandable segments' granule (0: none); set before the first block enters the pool.
   void set_granularity(std::size_t bytes) noexcept { granularity_ = bytes; }
@@ -92,8 +95,13 @@ class block_pool {
 
  private:
   stat_type type() const noexcept { return small_ ? stat_type::small_pool : stat_type::large_pool; }
-  void count_split(std::int64_t blocks, std::int64_t bytes) noexcept;  // now, or in the batch
-  void change_split_stats(std::int64_t blocks, std::int64_t bytes) noexcept;
+  // PyTorch's inactive_split: a free piece of a split segment; expandable segments do not count.
+  static void count(const block* b, int sign, split_delta& net) noexcept {
+    if (!b->is_split() || b->seg->expandable) return;
+    net.blocks += sign;
+    net.bytes += sign * static_cast<std::int64_t>(b->size);
+  }
+  void apply_nonzero(const split_delta& net) noexcept;
   // Note [Oversize blocks]: which requests an oversize block may serve, whole.
   // At or above the limit, a block less than 20 MiB larger; below it, only a block less than the
   // segment rounding larger: the segment such a request gets of its own when that rounding takes
@@ -110,8 +118,6 @@ class block_pool {
   std::size_t max_split_size_ = no_split_limit;
   std::size_t granularity_ = 0;
   std::size_t releasable_ = 0;  // releasable_of summed over the tree
-  bool batching_ = false;       // a split_stats_batch is open: net_* gather the changes
-  std::int64_t net_blocks_ = 0, net_bytes_ = 0;
 };
 
 template <class T>

@@ -161,8 +161,8 @@ void device_allocator::impl::take_block_locked(block_pool& pool, block* b, std::
   live.reserve_one();
   block* rest = splits_locked(*b, rounded) ? block_records.make() : nullptr;
 
-  const block_pool::split_stats_batch once{pool};  // one change, as PyTorch's allocation makes
-  pool.erase(b);
+  block_pool::split_delta net;  // applied once, as PyTorch's allocation changes it
+  pool.erase(b, net);
   if (rest != nullptr) {  // split: b keeps the low addresses, the remainder stays cached
     rest->address = b->address + rounded;
     rest->size = b->size - rounded;
@@ -173,8 +173,9 @@ void device_allocator::impl::take_block_locked(block_pool& pool, block* b, std::
     if (b->next != nullptr) b->next->prev = rest; else b->seg->tail = rest;
     b->next = rest;
     b->size = rounded;
-    pool.insert(rest);
+    pool.insert(rest, net);
   }
+  pool.apply(net);
   b->status = block_status::allocated;
   b->requested_size = requested;
   ++b->seg->live_blocks;
@@ -234,10 +235,10 @@ void device_allocator::impl::free_block_locked(block* b) noexcept {
 // Marks b free and puts it in its pool, merged with its free neighbours (not unmapped ones).
 void device_allocator::impl::insert_free_locked(block* b) noexcept {
   block_pool& pool = pool_of(b);
-  const block_pool::split_stats_batch once{pool};  // one change, as PyTorch's free makes
+  block_pool::split_delta net;  // applied once, as PyTorch's free changes it
   b->status = block_status::free;
   if (block* p = b->prev; p != nullptr && p->status == block_status::free) {
-    pool.erase(p);
+    pool.erase(p, net);
     b->address = p->address;
     b->size += p->size;
     b->prev = p->prev;
@@ -245,13 +246,14 @@ void device_allocator::impl::insert_free_locked(block* b) noexcept {
     block_records.recycle(p);
   }
   if (block* n = b->next; n != nullptr && n->status == block_status::free) {
-    pool.erase(n);
+    pool.erase(n, net);
     b->size += n->size;
     b->next = n->next;
     if (b->next != nullptr) b->next->prev = b; else b->seg->tail = b;
     block_records.recycle(n);
   }
-  pool.insert(b);
+  pool.insert(b, net);
+  pool.apply(net);
 }
 
 // Records an event on every other stream that used the block; the block becomes free when all of

@@ -244,7 +244,7 @@ void sim_scheduler::start_on_engine(std::uintptr_t sid, stream& s, int e, std::u
   op& o = s.ops.front();
   o.source_print = source_fingerprint(o.src, o.bytes);
   engine& en = engines_[e];
-  schedule(sid, s, plus(std::max(t, en.free_at), s.ops.front().duration));
+  schedule(sid, s, plus(std::max(t, en.free_at), o.duration));
   en.busy = true;
   s.engine = e;
 }

@@ -66,12 +66,12 @@ bool eviction_engine::impl::spill_locked(buffer_entry& e) {
     // stream has drained. If it cannot be drained, the block stays handed out (the pool frees it
     // when destroyed) rather than go to another spill, or back to the backend, under the copy.
     if (done.value != 0) give_event_locked(done);
-    bool host_block_free = !copy_queued;
+    bool host_block_free = true;
     if (copy_queued) {
       try {
         backend.synchronize_stream(d2h_stream);
-        host_block_free = true;
       } catch (...) {
+        host_block_free = false;
       }
     }
     if (host_block_free) {
